@@ -1,0 +1,141 @@
+"""Every check GPUlayer runs: `nox -s tests` is what CI runs (see README.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+import versions  # noqa: E402
+
+nox.needs_version = ">=2024.03.02"
+nox.options.default_venv_backend = "virtualenv"  # pip, not uv: pip finds the local CPU build of torch
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint"]
+
+# The CPU build on local disk; a GPU machine sets GPULAYER_TORCH (e.g. "torch==2.13.0" from a CUDA index).
+TORCH = os.environ.get("GPULAYER_TORCH", "torch==2.13.0")
+TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
+# Installed in dependency order: runtime, then the meta distribution that pins it.
+DISTRIBUTIONS = ["gpulayer-runtime", "gpulayer"]
+PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+
+
+def _install(session: nox.Session) -> None:
+    """Torch first (pinned), then every distribution editable, then the test tools."""
+    session.install(TORCH)
+    session.install(*[arg for name in DISTRIBUTIONS for arg in ("-e", f"packages/{name}")], *TEST_TOOLS)
+
+
+def _pytest(session: nox.Session, marker: str, *extra: str) -> None:
+    session.run(*PYTEST, "-m", marker, *extra, *session.posargs, "packages", "tests")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Single-process tests of every package and the cross-package checks."""
+    _install(session)
+    _pytest(session, "not multiprocess and not multinode and not cuda", "-n", "auto")
+
+
+@nox.session
+def gloo(session: nox.Session) -> None:
+    """Multi-process tests: real gloo ranks on CPU."""
+    _install(session)
+    session.env["OMP_NUM_THREADS"] = "1"
+    _pytest(session, "multiprocess")
+
+
+@nox.session
+def multinode(session: nox.Session) -> None:
+    """Two simulated nodes on loopback."""
+    _install(session)
+    session.env["OMP_NUM_THREADS"] = "1"
+    _pytest(session, "multinode")
+
+
+@nox.session(default=False)
+def cuda(session: nox.Session) -> None:
+    """Tests marked cuda; skipped, saying so, where no GPU is present."""
+    _install(session)
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    gpus = int(session.run("python", "-c", probe, silent=True).strip().splitlines()[-1])
+    if gpus == 0:
+        session.skip("no CUDA GPU on this machine: the cuda tests did not run")
+    _pytest(session, "cuda")
+
+
+@nox.session
+def isolation(session: nox.Session) -> None:
+    """Build every distribution, then test each alone in a fresh venv, installed from its built files only."""
+    session.install("build>=1")
+    dist = Path(session.create_tmp()) / "dist"
+    for name in DISTRIBUTIONS:
+        # build makes the sdist, then the wheel from the sdist, as pip would from PyPI.
+        session.run("python", "-m", "build", "--outdir", str(dist), f"packages/{name}", silent=True)
+    for name in DISTRIBUTIONS:
+        venv = Path(session.create_tmp()) / f"venv-{name}"
+        session.run("python", "-m", "venv", "--clear", str(venv))
+        python = str(venv / "bin" / "python")
+        # Third-party requirements come from the index; gpulayer distributions only from the built files.
+        third_party = _third_party_requirements(dist, name)
+        session.run(python, "-m", "pip", "install", "--quiet", TORCH, "pytest>=8", *third_party, external=True)
+        session.run(
+            python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(dist), name, external=True
+        )
+        where = "import gpulayer.runtime as r, sys; assert 'site-packages' in r.__file__, r.__file__"
+        session.run(python, "-c", where, external=True)
+        session.run(
+            python, "-m", *PYTEST, "-m", "not cuda", "-p", "no:cacheprovider", f"packages/{name}/tests", external=True
+        )
+
+
+def _third_party_requirements(dist: Path, name: str) -> list[str]:
+    """The non-gpulayer requirements of ``name`` and of the gpulayer distributions it pins, from their wheels."""
+    requirements: list[str] = []
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        seen.add(current)
+        wheel = next(dist.glob(f"{current.replace('-', '_')}-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            metadata = next(f for f in archive.namelist() if f.endswith(".dist-info/METADATA"))
+            lines = archive.read(metadata).decode().splitlines()
+        for line in lines:
+            requirement = line.removeprefix("Requires-Dist:").strip()
+            if not line.startswith("Requires-Dist:") or "extra ==" in requirement:
+                continue
+            sibling = re.match(r"(gpulayer(?:-[a-z]+)?)\b", requirement)
+            if sibling is None:
+                requirements.append(requirement)
+            elif sibling.group(1) not in seen:
+                pending.append(sibling.group(1))
+    return requirements
+
+
+@nox.session(python=False, requires=["lint", "unit", "gloo", "multinode", "isolation"])
+def tests(session: nox.Session) -> None:
+    """What CI runs: lint, unit, gloo, multinode and isolation."""
+    session.log("lint, unit, gloo, multinode and isolation passed")
+
+
+@nox.session(python=False, default=False)
+def bump(session: nox.Session) -> None:
+    """`nox -s bump -- X.Y.Z`: rewrite VERSION and every sibling pin."""
+    if len(session.posargs) != 1:
+        session.error("usage: nox -s bump -- X.Y.Z")
+    versions.bump(session.posargs[0])
+    session.log(f"VERSION and {len(versions.pins())} sibling pins are now {session.posargs[0]}")

@@ -1,0 +1,3 @@
+from gpulayer.runtime.cli import entry
+
+entry()

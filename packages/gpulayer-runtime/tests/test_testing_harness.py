@@ -1,0 +1,53 @@
+"""The harness itself: a failing or hung rank fails the test within its deadline and leaves no process."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulayer.runtime.testing import RankFailedError, is_alive, run_command, run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _write_pid_then(runtime, folder, what):
+    Path(folder, f"pid{runtime.global_rank}").write_text(str(os.getpid()))
+    if runtime.global_rank == 1 and what == "raise":
+        raise KeyError("rank 1 failed on purpose")
+    if what == "hang":
+        signal.pause()  # never returns: only the harness's deadline ends this rank
+    return runtime.global_rank
+
+
+def _pids(folder):
+    return [int(path.read_text()) for path in Path(folder).glob("pid*")]
+
+
+def test_a_raising_rank_fails_with_its_traceback(tmp_path):
+    with pytest.raises(RankFailedError, match=r"(?s)rank 1 raised:.*KeyError: 'rank 1 failed on purpose'"):
+        run_ranks(_write_pid_then, str(tmp_path), "raise", world_size=2)
+    assert not [pid for pid in _pids(tmp_path) if is_alive(pid)]
+
+
+def test_hung_ranks_are_killed_at_the_deadline(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"ranks \[0, 1\] did not finish within 5 s"):
+        run_ranks(_write_pid_then, str(tmp_path), "hang", world_size=2, timeout=5)
+    assert time.monotonic() - start < 30
+    assert len(_pids(tmp_path)) == 2
+    assert not [pid for pid in _pids(tmp_path) if is_alive(pid)]
+
+
+def test_a_command_past_its_deadline_is_killed_with_its_descendants(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    parent = (
+        "import subprocess, sys, signal; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], start_new_session=True); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)); signal.pause()"
+    )
+    with pytest.raises(RankFailedError, match="did not finish within 5 s"):
+        run_command([sys.executable, "-c", parent], timeout=5)
+    assert not is_alive(int(pid_file.read_text()))

@@ -37,6 +37,9 @@ def test_a_callable_returns_each_ranks_value():
     results = outcome["results"]
     assert sorted(results) == ["0", "1"]
     for rank, seen in results.items():
+        # The agent hosts the rendezvous store; on one node it must listen on loopback only (127.0.0.1).
+        listens_on = seen.pop("agent_listens_on")
+        assert listens_on and set(listens_on) == {"0100007F"}, listens_on
         assert seen == {
             "tag": "hi",
             "rank": int(rank),

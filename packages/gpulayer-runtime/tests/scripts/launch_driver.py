@@ -14,6 +14,24 @@ import torch
 from gpulayer.runtime import Runtime, WorkerFailedError, launch
 
 
+def listening_addresses(pid):
+    """The local addresses of the TCP sockets that process ``pid`` listens on, read from /proc (Linux)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    addresses = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and inode in inodes:  # 0A: LISTEN
+                    addresses.append(local.split(":")[0])
+    return addresses
+
+
 def report(tag):
     with Runtime(accelerator="cpu") as runtime:
         total = runtime.all_reduce(torch.tensor([runtime.global_rank + 1.0])).item()
@@ -24,6 +42,7 @@ def report(tag):
             "source": runtime.placement.source,
             "master_addr": runtime.placement.master_addr,
             "sum": total,
+            "agent_listens_on": listening_addresses(os.getppid()),
         }
 
 

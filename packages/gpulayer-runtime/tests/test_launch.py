@@ -113,3 +113,8 @@ def test_launch_in_a_placed_process_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(RuntimeError, match="already started"):
         launch(print, nproc_per_node=2)
+
+
+def test_a_rendezvous_timeout_from_the_command_line_is_accepted(tmp_path):
+    finished = _gpulayer("launch", "--nproc-per-node", "2", "--rdzv-conf", "timeout=60", RANK_SCRIPT, str(tmp_path))
+    assert finished.returncode == 0, finished.stderr

@@ -66,7 +66,7 @@ def launch(
         if rdzv_endpoint is None:  # one node: a private loopback rendezvous
             from gpulayer.runtime.rendezvous import loopback_store
 
-            rdzv_endpoint = stack.enter_context(loopback_store(timedelta(seconds=configs["timeout"])))
+            rdzv_endpoint = stack.enter_context(loopback_store(timedelta(seconds=int(configs["timeout"]))))
             rdzv_backend, run_id, configs["rank"] = "static", rdzv_id or uuid.uuid4().hex, 0
         elif rdzv_backend == "static":
             configs["rank"] = node_rank

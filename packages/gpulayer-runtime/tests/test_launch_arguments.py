@@ -17,6 +17,8 @@ from gpulayer.runtime.cli import main
         ({"max_restarts": -1}, ValueError, "max_restarts=-1"),
         ({"node_rank": 1}, ValueError, r"node_rank=1: must be in \[0, 1\)"),
         ({"module": True}, ValueError, "module=True needs target to be a module name"),
+        ({"rdzv_conf": {"timeout": "soon"}}, ValueError, "rdzv_conf timeout='soon': expected a whole number"),
+        ({"rdzv_conf": {"timeout": 0}}, ValueError, "rdzv_conf timeout=0: expected a whole number"),
     ],
 )
 def test_bad_launch_arguments_are_named(kwargs, error, message):

@@ -54,6 +54,7 @@ def launch(
     min_nodes, max_nodes = _check_arguments(
         target, nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_backend, max_restarts, module
     )
+    configs = {**(rdzv_conf or {}), "timeout": _rdzv_timeout(rdzv_conf)}
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -61,12 +62,11 @@ def launch(
 
     with ExitStack() as stack:
         stack.enter_context(_omp_threads_for_workers(nproc_per_node))
-        configs = {"timeout": RDZV_TIMEOUT_S, **(rdzv_conf or {})}
         run_id = rdzv_id or "none"
         if rdzv_endpoint is None:  # one node: a private loopback rendezvous
             from gpulayer.runtime.rendezvous import loopback_store
 
-            rdzv_endpoint = stack.enter_context(loopback_store(timedelta(seconds=int(configs["timeout"]))))
+            rdzv_endpoint = stack.enter_context(loopback_store(timedelta(seconds=configs["timeout"])))
             rdzv_backend, run_id, configs["rank"] = "static", rdzv_id or uuid.uuid4().hex, 0
         elif rdzv_backend == "static":
             configs["rank"] = node_rank
@@ -121,6 +121,18 @@ def _check_arguments(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts!r}: expected a whole number of at least 0")
     return min_nodes, max_nodes
+
+
+def _rdzv_timeout(rdzv_conf: dict[str, Any] | None) -> int:
+    """The rendezvous join timeout in whole seconds; the command line passes it as text."""
+    value = (rdzv_conf or {}).get("timeout", RDZV_TIMEOUT_S)
+    try:
+        seconds = int(value)
+    except (TypeError, ValueError):
+        seconds = 0
+    if isinstance(value, bool) or seconds < 1:
+        raise ValueError(f"rdzv_conf timeout={value!r}: expected a whole number of seconds, at least 1")
+    return seconds
 
 
 def _parse_nnodes(nnodes: int | str) -> tuple[int, int]:

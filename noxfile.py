@@ -22,15 +22,20 @@ nox.options.sessions = ["lint"]
 # The CPU build on local disk; a GPU machine sets GPULAYER_TORCH (e.g. "torch==2.13.0" from a CUDA index).
 TORCH = os.environ.get("GPULAYER_TORCH", "torch==2.13.0")
 TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
-# Installed in dependency order: runtime, then the meta distribution that pins it.
-DISTRIBUTIONS = ["gpulayer-runtime", "gpulayer"]
+# What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
+TEST_REQUIREMENTS = {"gpulayer-trainer": ["lightning==2.6.*"]}
+# Installed in dependency order: runtime, trainer, then the meta distribution that pins them.
+DISTRIBUTIONS = ["gpulayer-runtime", "gpulayer-trainer", "gpulayer"]
 PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 
 def _install(session: nox.Session) -> None:
     """Torch first (pinned), then every distribution editable, then the test tools."""
     session.install(TORCH)
-    session.install(*[arg for name in DISTRIBUTIONS for arg in ("-e", f"packages/{name}")], *TEST_TOOLS)
+    test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
+    session.install(
+        *[arg for name in DISTRIBUTIONS for arg in ("-e", f"packages/{name}")], *TEST_TOOLS, *test_requirements
+    )
 
 
 def _pytest(session: nox.Session, marker: str, *extra: str) -> None:
@@ -91,12 +96,13 @@ def isolation(session: nox.Session) -> None:
         session.run("python", "-m", "venv", "--clear", str(venv))
         python = str(venv / "bin" / "python")
         # Third-party requirements come from the index; gpulayer distributions only from the built files.
-        third_party = _third_party_requirements(dist, name)
+        third_party = _third_party_requirements(dist, name) + TEST_REQUIREMENTS.get(name, [])
         session.run(python, "-m", "pip", "install", "--quiet", TORCH, "pytest>=8", *third_party, external=True)
         session.run(
             python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(dist), name, external=True
         )
-        where = "import gpulayer.runtime as r, sys; assert 'site-packages' in r.__file__, r.__file__"
+        package = "gpulayer." + (name.removeprefix("gpulayer-") if name != "gpulayer" else "runtime")
+        where = f"import {package} as p; assert 'site-packages' in p.__file__, p.__file__"
         session.run(python, "-c", where, external=True)
         session.run(
             python, "-m", *PYTEST, "-m", "not cuda", "-p", "no:cacheprovider", f"packages/{name}/tests", external=True
@@ -126,10 +132,25 @@ def _third_party_requirements(dist: Path, name: str) -> list[str]:
     return requirements
 
 
-@nox.session(python=False, requires=["lint", "unit", "gloo", "multinode", "isolation"])
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Train the digits example; fails when its test accuracy drops below 95%."""
+    _install(session)
+    session.install("scikit-learn")
+    session.run("python", "docs/examples/digits.py")
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Per-step overhead against a raw loop and Lightning: `nox -s bench -- --quick` (see benchmarks/README.md)."""
+    _install(session)
+    session.run("python", "benchmarks/overhead.py", *session.posargs)
+
+
+@nox.session(python=False, requires=["lint", "unit", "gloo", "multinode", "isolation", "demo"])
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, unit, gloo, multinode and isolation."""
-    session.log("lint, unit, gloo, multinode and isolation passed")
+    """What CI runs: lint, unit, gloo, multinode, isolation and the demo (the main job)."""
+    session.log("lint, unit, gloo, multinode, isolation and demo passed")
 
 
 @nox.session(python=False, default=False)

@@ -14,3 +14,9 @@ def test_installing_it_gives_the_runtime():
     import gpulayer.runtime
 
     assert gpulayer.runtime.__version__ == version("gpulayer")
+
+
+def test_installing_it_gives_the_trainer():
+    import gpulayer.trainer
+
+    assert gpulayer.trainer.__version__ == version("gpulayer")

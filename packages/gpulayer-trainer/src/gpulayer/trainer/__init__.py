@@ -1,0 +1,13 @@
+"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``."""
+
+from importlib.metadata import version
+
+from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.module import Module
+from gpulayer.trainer.seed import seed_everything
+from gpulayer.trainer.trainer import Trainer
+
+__version__ = version("gpulayer-trainer")
+
+__all__ = ["Callback", "DataModule", "Module", "Trainer", "__version__", "seed_everything"]

@@ -1,0 +1,185 @@
+"""``Callback``: Lightning's callback hooks, each a no-op until overridden. Callbacks run before the module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CALLBACK_HOOKS = (
+    "setup",
+    "teardown",
+    "on_fit_start",
+    "on_fit_end",
+    "on_sanity_check_start",
+    "on_sanity_check_end",
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_train_epoch_start",
+    "on_train_epoch_end",
+    "on_validation_epoch_start",
+    "on_validation_epoch_end",
+    "on_test_epoch_start",
+    "on_test_epoch_end",
+    "on_predict_epoch_start",
+    "on_predict_epoch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+    "on_test_batch_start",
+    "on_test_batch_end",
+    "on_predict_batch_start",
+    "on_predict_batch_end",
+    "on_train_start",
+    "on_train_end",
+    "on_validation_start",
+    "on_validation_end",
+    "on_test_start",
+    "on_test_end",
+    "on_predict_start",
+    "on_predict_end",
+    "on_exception",
+    "on_save_checkpoint",
+    "on_load_checkpoint",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+)
+
+
+class Callback:
+    """Override the hooks you need; each receives ``(trainer, pl_module, ...)`` as in Lightning."""
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint: its class name, as Lightning has it."""
+        return self.__class__.__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        pass
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        pass
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_predict_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_test_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_test_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_predict_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_predict_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        pass
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        pass
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        pass
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        pass
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        pass
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        pass
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
+    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+        pass

@@ -1,0 +1,117 @@
+"""Where each stage's loaders come from, how many batches each gives, and iterating them.
+
+Loaders come from the entry point's arguments, else the DataModule's hook, else the module's (Lightning's
+precedence). Iterators are created at the moments Lightning creates them, because creating a DataLoader
+iterator draws from the global RNG: matching the moments keeps runs bit-for-bit comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.module import Module
+from gpulayer.trainer.seed import seed_workers_of
+
+PREFIX = {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}
+
+
+class DataSource:
+    """One stage's loaders: given directly, or a DataModule/Module hook such as ``val_dataloader``."""
+
+    def __init__(self, given: Any, datamodule: DataModule | None, module: Module, hook: str) -> None:
+        self.given = given
+        self.hook = hook
+        if given is not None:
+            self.owner: Any = None
+        elif datamodule is not None and is_overridden(hook, datamodule, DataModule):
+            self.owner = datamodule
+        elif is_overridden(hook, module, Module):
+            self.owner = module
+        else:
+            self.owner = None
+
+    def is_defined(self) -> bool:
+        return self.given is not None or self.owner is not None
+
+    def request(self, hooks: Any, rank: int) -> Any:
+        """The loaders, from the hook if that is where they come from; seeded workers as ``seed_everything`` asked."""
+        if self.given is not None:
+            loaders = self.given
+        elif self.owner is None:
+            raise ValueError(f"no {self.hook.removesuffix('_dataloader')} data: pass loaders or define {self.hook}()")
+        elif isinstance(self.owner, Module):
+            loaders = hooks.module(self.hook)
+        else:
+            loaders = getattr(self.owner, self.hook)()
+        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            seed_workers_of(loader, rank)
+        return loaders
+
+
+def as_loader_list(loaders: Any, stage: str) -> list[Any]:
+    """Eval stages take one loader or a list/tuple of them; training takes exactly one."""
+    many = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+    if stage == "train" and len(many) != 1:
+        raise NotImplementedError(
+            f"{len(many)} training loaders: the Trainer trains on one loader; combine them into one "
+            "(for example with torch.utils.data.ConcatDataset)"
+        )
+    if isinstance(loaders, dict):
+        raise NotImplementedError(f"a dict of {stage} loaders is not supported; pass one loader or a list")
+    return list(many)
+
+
+def num_batches(loader: Any, limit: int | float, stage: str) -> int | float:
+    """Lightning's ``_parse_num_batches``: ints cap the count, floats take a (floored) fraction."""
+    try:
+        length: int | float = len(loader)
+    except TypeError:
+        length = math.inf
+    if length == 0:
+        return 0
+    if isinstance(limit, int):
+        count: int | float = min(length, limit)
+    elif length != math.inf:
+        count = int(length * limit)
+    elif limit != 1.0:
+        raise ValueError(
+            f"limit_{stage}_batches={limit!r}: a loader without a length needs 1.0 or an int (a number of batches)"
+        )
+    else:
+        count = length
+    if count == 0 and isinstance(limit, float) and limit > 0.0 and length != math.inf:
+        raise ValueError(
+            f"limit_{stage}_batches={limit!r} of {length} batches is less than one batch; "
+            f"use at least limit_{stage}_batches={1.0 / length}"
+        )
+    return count
+
+
+def batches(iterator: Iterator[Any], count: int | float) -> Iterator[tuple[int, Any, bool]]:
+    """``(batch_idx, batch, is_last)`` for at most ``count`` batches; looks one ahead only when ``count`` is unknown."""
+    if count != math.inf:
+        for batch_idx in range(int(count)):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            yield batch_idx, batch, batch_idx + 1 == count
+        return
+    try:
+        upcoming = next(iterator)
+    except StopIteration:
+        return
+    batch_idx = 0
+    while True:
+        batch = upcoming
+        try:
+            upcoming = next(iterator)
+        except StopIteration:
+            yield batch_idx, batch, True
+            return
+        yield batch_idx, batch, False
+        batch_idx += 1

@@ -1,0 +1,158 @@
+"""One validation, test or predict run over every loader of the stage, in Lightning's hook order (§4.3)."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import torch
+
+from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.data import DataSource, as_loader_list, batches, num_batches
+from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.module import Module
+from gpulayer.trainer.results import ResultCollection
+
+_NAMES = {"validate": "validation", "test": "test", "predict": "predict"}
+
+
+class EvaluationLoop:
+    def __init__(self, trainer: Any, stage: str) -> None:
+        self.trainer = trainer
+        self.stage = stage
+        self.name = _NAMES[stage]
+        self.prefix = {"validate": "val", "test": "test", "predict": "predict"}[stage]
+        self.results = None if stage == "predict" else ResultCollection(training=False)
+        self.source: DataSource | None = None
+        self.loaders: list[Any] | None = None
+        self.max_batches: list[int | float] = []
+        self.last_reload_epoch: int | None = None
+
+    @property
+    def limit(self) -> int | float:
+        return getattr(self.trainer.args, f"limit_{self.prefix}_batches")
+
+    def attach(self, source: DataSource) -> None:
+        self.source, self.loaders, self.max_batches = source, None, []
+
+    def is_enabled(self) -> bool:
+        """A source of loaders, an overridden step, and a non-zero limit (Lightning's ``enable_validation``)."""
+        step = f"{self.name}_step"
+        return (
+            self.source is not None
+            and self.source.is_defined()
+            and (self.stage == "predict" or is_overridden(step, self.trainer.lightning_module, Module))
+            and self.limit != 0
+        )
+
+    def setup_data(self) -> None:
+        if self.loaders is not None or not self.is_enabled():
+            return
+        trainer = self.trainer
+        self.last_reload_epoch = trainer.current_epoch
+        self.loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
+        self.max_batches = [num_batches(loader, self.limit, self.prefix) for loader in self.loaders]
+
+    def run(self) -> list[dict[str, torch.Tensor]] | list[Any] | None:
+        """Validation and test return one dict of logged epoch metrics per loader; predict its outputs."""
+        self.setup_data()
+        if not self.loaders or sum(self._limits()) == 0:
+            return [] if self.stage != "predict" else None
+        trainer = self.trainer
+        module, hooks, hub = trainer.lightning_module, trainer._hooks, trainer._metric_hub
+        self._check_dataloader_idx(module)
+        several = len(self.loaders) > 1
+        modes = {m: m.training for m in module.modules()}
+        hooks.module(f"on_{self.name}_model_eval")
+        if self.results is not None:
+            hub.activate(self.results)
+        hooks.both(f"on_{self.name}_start")
+        hooks.both(f"on_{self.name}_epoch_start")
+        outputs: list[Any] = []
+        for loader_idx, (loader, count) in enumerate(zip(self.loaders, self._limits(), strict=True)):
+            if count == 0:
+                continue
+            idx = loader_idx if several else None
+            predictions: list[Any] = []
+            for batch_idx, batch, _ in batches(iter(loader), count):
+                output = self._step(module, hooks, hub, trainer._transfer(batch, loader_idx), batch_idx, idx)
+                if self.stage == "predict":
+                    predictions.append(map_tensors(output, lambda t: t.cpu()))
+            outputs.append(predictions if self.stage == "predict" else self._loader_end(hub))
+        if self.stage == "predict":
+            hooks.both("on_predict_epoch_end")
+            hooks.both("on_predict_end")
+            self._restore(modes)
+            return outputs if several else outputs[0]
+        hub.epoch_end_reached()
+        self.results.dataloader_idx = None
+        hooks.both(f"on_{self.name}_epoch_end")
+        epoch_end = {} if trainer.sanity_checking else hub.flush()
+        for logged in outputs:
+            logged.update(epoch_end)
+        hooks.both(f"on_{self.name}_end")
+        hub.reset_results()
+        self._restore(modes)
+        trainer._last_val_time = time.monotonic()
+        return outputs
+
+    def _step(self, module: Module, hooks: Any, hub: Any, batch: Any, batch_idx: int, idx: int | None) -> Any:
+        args = (batch, batch_idx) if idx is None else (batch, batch_idx, idx)
+        if self.results is not None:
+            hub.on_batch_start(batch, idx)
+        hooks.both(f"on_{self.name}_batch_start", *args)
+        step = f"{self.name}_step"
+        with self.trainer._precision.step_context():
+            output = hooks.module(step, *(args if self._takes_batch_idx else args[:1] + args[2:]))
+        hooks.both(f"on_{self.name}_batch_end", output, *args)
+        if self.results is not None:
+            hub.on_batch_end()
+        return output
+
+    def _loader_end(self, hub: Any) -> dict[str, torch.Tensor]:
+        hub.epoch_end_reached()
+        return {} if self.trainer.sanity_checking else dict(hub.flush())
+
+    def _limits(self) -> list[int | float]:
+        if self.trainer.sanity_checking:
+            return [min(self.trainer.args.num_sanity_val_steps, count) for count in self.max_batches]
+        return self.max_batches
+
+    def _check_dataloader_idx(self, module: Module) -> None:
+        """Lightning's rule: several loaders need a ``dataloader_idx`` parameter; one loader must not require it."""
+        step = getattr(module, f"{self.name}_step")
+        parameters = inspect.signature(step).parameters
+        self._takes_batch_idx = takes_batch_idx(step)
+        several = len(self.loaders) > 1
+        has_idx = "dataloader_idx" in parameters or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
+        if several and not has_idx:
+            raise RuntimeError(
+                f"{type(module).__name__}.{self.name}_step must take a `dataloader_idx` argument: "
+                f"{len(self.loaders)} {self.prefix} loaders are in use"
+            )
+        required = parameters.get("dataloader_idx")
+        if not several and required is not None and required.default is inspect.Parameter.empty:
+            raise RuntimeError(
+                f"{type(module).__name__}.{self.name}_step requires `dataloader_idx` but one {self.prefix} loader "
+                "is in use; give it a default (dataloader_idx=0)"
+            )
+
+    def _restore(self, modes: dict[torch.nn.Module, bool]) -> None:
+        module = self.trainer.lightning_module
+        hook = f"on_{self.name}_model_train"
+        if self.stage != "predict" and is_overridden(hook, module, Module):
+            self.trainer._hooks.module(hook)
+        else:
+            for submodule, training in modes.items():
+                submodule.training = training
+
+
+def takes_batch_idx(step: Any) -> bool:
+    """Lightning passes ``batch_idx`` when the step names it, takes two or more parameters, or takes ``*args``."""
+    parameters = inspect.signature(step).parameters
+    return (
+        "batch_idx" in parameters
+        or len(parameters) >= 2
+        or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
+    )

@@ -1,0 +1,77 @@
+"""Calling hooks in Lightning's order: callbacks first (in ``trainer.callbacks`` order), then the module.
+
+Each call records the running hook's name on the module, which is how ``self.log`` knows where it is. Only
+callbacks that override a hook are called for it, so an unused hook costs nothing per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulayer.trainer.callback import CALLBACK_HOOKS, Callback
+
+# Module hooks whose default does nothing (or hands its first argument back): not calling them when they are
+# not overridden is the same run, minus a Python call per hook per step.
+_DEFAULT_NOOPS = frozenset(name for name in CALLBACK_HOOKS if name not in ("setup", "teardown", "on_exception"))
+_DEFAULT_PASS_THROUGH = frozenset({"on_before_batch_transfer", "on_after_batch_transfer"})
+
+
+def is_overridden(name: str, instance: Any, base: type) -> bool:
+    """Whether ``instance``'s class defines ``name`` differently from ``base``."""
+    method = getattr(type(instance), name, None)
+    return method is not None and method is not getattr(base, name, None)
+
+
+def monitors_metrics(callback: Callback) -> bool:
+    """Early stopping and checkpoint callbacks run after the module's ``on_train_epoch_end`` (Lightning's rule)."""
+    return getattr(callback, "_runs_after_module_on_train_epoch_end", False)
+
+
+class Hooks:
+    def __init__(self, trainer: Any, module: Any, callbacks: list[Callback]) -> None:
+        from gpulayer.trainer.module import Module
+
+        self._trainer = trainer
+        self._module = module
+        self._callbacks = callbacks
+        self._overriding = {
+            name: [cb for cb in callbacks if is_overridden(name, cb, Callback)] for name in CALLBACK_HOOKS
+        }
+        self._noops = {name for name in _DEFAULT_NOOPS if not is_overridden(name, module, Module)}
+        self._pass_through = {name for name in _DEFAULT_PASS_THROUGH if not is_overridden(name, module, Module)}
+
+    def callbacks(self, name: str, *args: Any, monitoring: bool | None = None) -> None:
+        """``name`` on every callback that overrides it; ``monitoring`` selects one side of Lightning's split."""
+        overriding = self._overriding[name]
+        if not overriding:
+            return
+        state = self._module.__dict__
+        previous, state["_current_fx_name"] = state["_current_fx_name"], name
+        try:
+            for callback in overriding:
+                if monitoring is None or monitors_metrics(callback) == monitoring:
+                    getattr(callback, name)(self._trainer, self._module, *args)
+        finally:
+            state["_current_fx_name"] = previous
+
+    def module(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name in self._noops:
+            return None
+        if name in self._pass_through:
+            return args[0]
+        # Written to the instance dict directly: nn.Module.__setattr__ costs microseconds, paid ~30 times a step.
+        state = self._module.__dict__
+        previous, state["_current_fx_name"] = state["_current_fx_name"], name
+        try:
+            return getattr(self._module, name)(*args, **kwargs)
+        finally:
+            state["_current_fx_name"] = previous
+
+    def both(self, name: str, *args: Any) -> Any:
+        self.callbacks(name, *args)
+        return self.module(name, *args)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Every callback's ``on_exception`` (not only overriding ones: it is cheap and rare)."""
+        for callback in self._callbacks:
+            callback.on_exception(self._trainer, self._module, exception)

@@ -1,0 +1,63 @@
+"""The one progress display: every ``log_every_n_steps`` optimizer steps, rank 0 prints one line.
+
+It is the only place a training step reads values back from the device, and only on the steps it prints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import timedelta
+from typing import Any
+
+from gpulayer.trainer.batch import batch_size_of
+
+
+class LogLine:
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self._since: float | None = None
+        self._batches = 0
+        self._start_step = 0
+
+    def after_batch(self, loop: Any, batch: Any) -> None:
+        """Called after ``on_train_batch_end``; prints on Lightning's logging cadence (stepping batches)."""
+        trainer = self.trainer
+        self._batches += 1
+        if self._since is None:
+            self._since, self._start_step = time.monotonic(), trainer.global_step
+        every = trainer.args.log_every_n_steps
+        if loop.should_accumulate() or not (every or trainer.args.fast_dev_run):
+            return
+        due = trainer.args.fast_dev_run or (loop.batches_that_stepped + 1) % every == 0 or trainer.should_stop
+        if due and trainer.is_global_zero:
+            print(self._line(loop, batch), flush=True)
+
+    def _line(self, loop: Any, batch: Any) -> str:
+        trainer = self.trainer
+        elapsed = max(time.monotonic() - self._since, 1e-9)
+        samples = self._batches * _safe_batch_size(batch) / elapsed
+        total = trainer.estimated_stepping_batches
+        steps_done = trainer.global_step - self._start_step
+        parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]
+        loss = trainer._optimization.last_loss
+        if loss is not None:
+            parts.append(f"loss {loss.item():.4g}")
+        parts += [f"{name} {value:.4g}" for name, value in trainer.progress_bar_metrics.items()]
+        parts.append(f"{samples:.1f} samples/s")
+        if total != math.inf and steps_done > 0:
+            left = (total - trainer.global_step) * elapsed / steps_done
+            parts.append(f"{timedelta(seconds=round(left))} left")
+        self._since, self._batches, self._start_step = time.monotonic(), 0, trainer.global_step
+        return " | ".join(parts)
+
+
+def _count(total: float) -> str:
+    return "?" if total == math.inf else str(int(total))
+
+
+def _safe_batch_size(batch: Any) -> int:
+    try:
+        return batch_size_of(batch)
+    except ValueError:
+        return 1

@@ -1,0 +1,107 @@
+"""``ModelHooks``: the module hooks Lightning calls, with its names and arguments; each a no-op by default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class ModelHooks:
+    """Override the ones you need in your ``Module``; the Trainer skips those you leave alone."""
+
+    def on_fit_start(self) -> Any:
+        return None
+
+    def on_fit_end(self) -> Any:
+        return None
+
+    def on_train_start(self) -> Any:
+        return None
+
+    def on_train_end(self) -> Any:
+        return None
+
+    def on_train_epoch_start(self) -> Any:
+        return None
+
+    def on_train_epoch_end(self) -> Any:
+        return None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Any:
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> Any:
+        return None
+
+    def on_validation_start(self) -> Any:
+        return None
+
+    def on_validation_end(self) -> Any:
+        return None
+
+    def on_validation_epoch_start(self) -> Any:
+        return None
+
+    def on_validation_epoch_end(self) -> Any:
+        return None
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_test_start(self) -> Any:
+        return None
+
+    def on_test_end(self) -> Any:
+        return None
+
+    def on_test_epoch_start(self) -> Any:
+        return None
+
+    def on_test_epoch_end(self) -> Any:
+        return None
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_predict_start(self) -> Any:
+        return None
+
+    def on_predict_end(self) -> Any:
+        return None
+
+    def on_predict_epoch_start(self) -> Any:
+        return None
+
+    def on_predict_epoch_end(self) -> Any:
+        return None
+
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return None
+
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> Any:
+        return None
+
+    def on_before_backward(self, loss: torch.Tensor) -> Any:
+        return None
+
+    def on_after_backward(self) -> Any:
+        return None
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> Any:
+        return None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> Any:
+        return None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> Any:
+        return None

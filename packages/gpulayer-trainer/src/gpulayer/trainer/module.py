@@ -1,0 +1,351 @@
+"""``Module``: Lightning's ``LightningModule`` surface on an ``nn.Module`` — steps, hooks, ``self.log``."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.model_hooks import ModelHooks
+from gpulayer.trainer.results import Meta, log_levels, reduction
+
+
+class Module(ModelHooks, nn.Module):
+    """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer: Any = None
+        self._current_fx_name: str | None = None
+        self.automatic_optimization = True
+
+    # ---- what the trainer exposes ------------------------------------------------------------------------------
+    @property
+    def trainer(self) -> Any:
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a Trainer")
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu") if self._trainer is None else self._trainer._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        for tensor in self.parameters():
+            return tensor.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer (one), or the list of them."""
+        optimizers = self.trainer.optimizers
+        return optimizers[0] if len(optimizers) == 1 else optimizers
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler (one), the list of them, or None."""
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self._trainer is None or self._trainer.is_global_zero:
+            print(*args, **kwargs)
+
+    # ---- logging ------------------------------------------------------------------------------------------------
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: Any = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """Record ``value`` under ``name``; kept on the device and reduced at epoch end (Lightning's rules)."""
+        trainer = self._trainer
+        if trainer is None:
+            warnings.warn(
+                f"self.log({name!r}, ...) was called on a module not attached to a Trainer; nothing is recorded",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        hub = trainer._metric_hub
+        results = hub.results
+        if results is None:
+            raise RuntimeError(f"self.log({name!r}, ...) is not supported in {self._current_fx_name or 'this hook'}")
+        fx = self._current_fx_name
+        on_step, on_epoch = log_levels(fx, on_step, on_epoch)
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise ValueError(
+                f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when add_dataloader_idx=True"
+            )
+        tensor = self._metric_tensor(name, value, enable_graph)
+        if hub.should_reset_tensors(fx):
+            results.reset(fx=fx)
+        meta = Meta(
+            fx,
+            name,
+            prog_bar,
+            True if logger is None else logger,
+            on_step,
+            on_epoch,
+            reduction(reduce_fx),
+            enable_graph,
+            add_dataloader_idx,
+            results.dataloader_idx,
+            sync_dist and not rank_zero_only,
+        )
+        results.log(meta, tensor, batch_size)
+        hub.current_fx = fx
+
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: Any = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """``self.log`` for every key of ``dictionary``, with the same options."""
+        for name, value in dictionary.items():
+            self.log(
+                name,
+                value,
+                prog_bar=prog_bar,
+                logger=logger,
+                on_step=on_step,
+                on_epoch=on_epoch,
+                reduce_fx=reduce_fx,
+                enable_graph=enable_graph,
+                sync_dist=sync_dist,
+                sync_dist_group=sync_dist_group,
+                add_dataloader_idx=add_dataloader_idx,
+                batch_size=batch_size,
+                rank_zero_only=rank_zero_only,
+            )
+
+    def _metric_tensor(self, name: str, value: Any, enable_graph: bool) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"self.log({name!r}, ...): the tensor must hold exactly one element, not {value.numel()}"
+                )
+            tensor = (value if enable_graph else value.detach()).squeeze()
+            if not torch.is_floating_point(tensor):
+                warnings.warn(
+                    f"self.log({name!r}, ...) in {self._current_fx_name}: the value is not floating point; it is "
+                    "converted to reduce it",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            if tensor.dtype not in (torch.float32, torch.float64):
+                tensor = tensor.to(_metric_dtype())
+            return tensor
+        if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
+            return torch.tensor(value, device=self.device, dtype=_metric_dtype())
+        raise ValueError(
+            f"self.log({name!r}, {value!r}): accepted values are a Python number or a one-element tensor "
+            f"(got {type(value).__name__})"
+        )
+
+    # ---- steps and configuration (override these) ----------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(*args, **kwargs)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.training_step must be implemented to fit")
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        pass
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        pass
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        batch = kwargs.get("batch", args[0] if args else None)
+        return self(batch)
+
+    def configure_optimizers(self) -> Any:
+        return None
+
+    def configure_callbacks(self) -> Any:
+        return []
+
+    def configure_model(self) -> None:
+        pass
+
+    def prepare_data(self) -> None:
+        pass
+
+    def setup(self, stage: str) -> None:
+        pass
+
+    def teardown(self, stage: str) -> None:
+        pass
+
+    def train_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
+
+    def val_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
+
+    def test_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
+
+    # ---- the optimization step, as Lightning splits it ------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        loss.backward(*args, **kwargs)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        self.clip_gradients(
+            optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm
+        )
+
+    def clip_gradients(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip the optimizer's gradients by total 2-norm or by value; values must agree with the Trainer's."""
+        trainer_val, trainer_algorithm = self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm
+        if gradient_clip_val is None:
+            gradient_clip_val = trainer_val or 0.0
+        elif trainer_val is not None and trainer_val != gradient_clip_val:
+            raise ValueError(
+                f"clip_gradients(gradient_clip_val={gradient_clip_val!r}) conflicts with "
+                f"Trainer(gradient_clip_val={trainer_val!r}); set only one of them"
+            )
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = trainer_algorithm or "norm"
+        else:
+            gradient_clip_algorithm = gradient_clip_algorithm.lower()
+            if trainer_algorithm is not None and trainer_algorithm != gradient_clip_algorithm:
+                raise ValueError(
+                    f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) conflicts with "
+                    f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}); set only one of them"
+                )
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(
+                f"gradient_clip_algorithm={gradient_clip_algorithm!r}: accepted values are 'norm', 'value'"
+            )
+        if gradient_clip_val <= 0:
+            return
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            nn.utils.clip_grad_value_(parameters, gradient_clip_val)
+        else:
+            nn.utils.clip_grad_norm_(parameters, gradient_clip_val)
+
+    # ---- batch transfer ----------------------------------------------------------------------------------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        non_blocking = device.type == "cuda"
+        return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    # ---- model modes around evaluation ---------------------------------------------------------------------------
+    def on_validation_model_zero_grad(self) -> None:
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        self.trainer.lightning_module.eval()
+
+    def on_validation_model_train(self) -> None:
+        self.trainer.lightning_module.train()
+
+    def on_test_model_eval(self) -> None:
+        self.trainer.lightning_module.eval()
+
+    def on_test_model_train(self) -> None:
+        self.trainer.lightning_module.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.trainer.lightning_module.eval()
+
+    # ---- conveniences ----------------------------------------------------------------------------------------------
+    def freeze(self) -> None:
+        for parameter in self.parameters():
+            parameter.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        for parameter in self.parameters():
+            parameter.requires_grad = True
+        self.train()
+
+
+def _metric_dtype() -> torch.dtype:
+    dtype = torch.get_default_dtype()
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32

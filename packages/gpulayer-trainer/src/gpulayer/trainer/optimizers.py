@@ -1,0 +1,160 @@
+"""What ``configure_optimizers`` may return, in every single-optimizer form Lightning accepts."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
+
+_FORMS = (
+    "an optimizer; a list or tuple of optimizers; a pair ([optimizers], [schedulers or scheduler dicts]); "
+    'a dict {"optimizer": ..., "lr_scheduler": scheduler or scheduler dict, "monitor": ...}; '
+    "a list or tuple of such dicts; or None"
+)
+
+
+@dataclass
+class LRSchedulerConfig:
+    """Lightning's scheduler config: when and how often a scheduler steps, and what a plateau one monitors."""
+
+    scheduler: Any
+    name: str | None = None
+    interval: str = "epoch"
+    frequency: int = 1
+    reduce_on_plateau: bool = False
+    monitor: str | None = None
+    strict: bool = True
+
+
+class _NoOptimizer(torch.optim.Optimizer):
+    """Stands in when ``configure_optimizers`` returns None: training runs, nothing is updated."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Any = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    """Parse what ``configure_optimizers()`` returned; errors name the method and the accepted forms."""
+    if returned is None:
+        warnings.warn(
+            "configure_optimizers returned None: training runs without an optimizer",
+            UserWarning,
+            stacklevel=3,
+        )
+        return [_NoOptimizer()], []
+    optimizers, schedulers, monitor = _split(returned)
+    if len(optimizers) != 1:
+        raise RuntimeError(
+            f"configure_optimizers returned {len(optimizers)} optimizers; the Trainer's automatic optimization "
+            "supports exactly one"
+        )
+    configs = [_scheduler_config(scheduler, monitor) for scheduler in schedulers]
+    for config in configs:
+        if getattr(config.scheduler, "optimizer", None) not in optimizers:
+            raise ValueError(
+                f"configure_optimizers returned the scheduler {type(config.scheduler).__name__} for an optimizer it "
+                "did not return"
+            )
+    return optimizers, configs
+
+
+def _split(returned: Any) -> tuple[list, list, str | None]:
+    if isinstance(returned, torch.optim.Optimizer):
+        return [returned], [], None
+    if (
+        isinstance(returned, (list, tuple))
+        and len(returned) == 2
+        and isinstance(returned[0], list)
+        and all(isinstance(o, torch.optim.Optimizer) for o in returned[0])
+    ):
+        optimizers, schedulers = returned
+        return list(optimizers), schedulers if isinstance(schedulers, list) else [schedulers], None
+    if isinstance(returned, dict):
+        _check_keys(returned)
+        _require_optimizer(returned)
+        scheduler = [returned["lr_scheduler"]] if "lr_scheduler" in returned else []
+        return [returned["optimizer"]], scheduler, returned.get("monitor")
+    if isinstance(returned, (list, tuple)) and returned and all(isinstance(d, dict) for d in returned):
+        for entry in returned:
+            _check_keys(entry)
+            _require_optimizer(entry)
+        schedulers = [
+            dict(d["lr_scheduler"]) if isinstance(d["lr_scheduler"], dict) else {"scheduler": d["lr_scheduler"]}
+            for d in returned
+            if "lr_scheduler" in d
+        ]
+        return [d["optimizer"] for d in returned], schedulers, None
+    if isinstance(returned, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in returned):
+        return list(returned), [], None
+    raise TypeError(f"configure_optimizers returned {type(returned).__name__}; accepted return values are {_FORMS}")
+
+
+def _check_keys(entry: dict) -> None:
+    extra = set(entry) - {"optimizer", "lr_scheduler", "monitor"}
+    if extra:
+        warnings.warn(
+            f"configure_optimizers returned a dict with unknown keys {sorted(extra)}; they are ignored",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+
+
+def _require_optimizer(entry: dict) -> None:
+    if not isinstance(entry.get("optimizer"), torch.optim.Optimizer):
+        raise TypeError(
+            f'configure_optimizers returned a dict without an optimizer under "optimizer"; accepted: {_FORMS}'
+        )
+
+
+def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
+    if isinstance(scheduler, dict):
+        known = {f.name for f in fields(LRSchedulerConfig)}
+        extra = set(scheduler) - known
+        if extra:
+            warnings.warn(
+                f"the lr scheduler dict has unknown keys {sorted(extra)}; they are ignored",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        entry = {k: v for k, v in scheduler.items() if k in known}
+        if "scheduler" not in entry:
+            raise ValueError('configure_optimizers: the lr scheduler dict needs the key "scheduler"')
+        if entry.get("interval", "epoch") not in ("step", "epoch"):
+            raise ValueError(
+                f'configure_optimizers: the lr scheduler dict\'s "interval" is {entry["interval"]!r}; '
+                'accepted values are "step" and "epoch"'
+            )
+        entry.setdefault("reduce_on_plateau", isinstance(entry["scheduler"], ReduceLROnPlateau))
+        if entry["reduce_on_plateau"] and entry.get("monitor") is None:
+            raise ValueError(
+                'configure_optimizers: a ReduceLROnPlateau scheduler dict needs a "monitor" key inside the '
+                'scheduler dict, e.g. {"scheduler": plateau, "monitor": "val_loss"}'
+            )
+        if isinstance(entry["scheduler"], OneCycleLR) and entry.get("interval", "epoch") == "epoch":
+            warnings.warn(
+                "a OneCycleLR scheduler is stepping once per epoch; you probably want 'interval': 'step'",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        config = LRSchedulerConfig(**entry)
+    elif isinstance(scheduler, ReduceLROnPlateau):
+        if monitor is None:
+            raise ValueError(
+                'configure_optimizers: a ReduceLROnPlateau scheduler needs a "monitor", e.g. return '
+                '{"optimizer": opt, "lr_scheduler": plateau, "monitor": "val_loss"}'
+            )
+        config = LRSchedulerConfig(scheduler, reduce_on_plateau=True, monitor=monitor)
+    else:
+        config = LRSchedulerConfig(scheduler)
+    if not isinstance(config.frequency, int) or isinstance(config.frequency, bool) or config.frequency < 1:
+        raise ValueError(f'configure_optimizers: the lr scheduler "frequency" is {config.frequency!r}; use an int >= 1')
+    return config

@@ -1,0 +1,232 @@
+"""What ``self.log`` stores: values accumulated on the device, read only when someone asks for them.
+
+One ``ResultCollection`` per loop (train, validate, test) keyed by ``"<hook>.<name>[.<dataloader_idx>]"``
+as Lightning keys them. A logged value is detached and kept on its device; epoch means are weighted by batch
+size, ``sum(v_i * bs_i) / sum(bs_i)``; nothing here calls ``.item()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from gpulayer.trainer.batch import batch_size_of
+
+DATALOADER_SUFFIX = "/dataloader_idx_{}"
+_STEP, _EVAL_STEP, _EPOCH_ONLY = ((True, False), True), ((False, True), True), ((False, True), False)
+# Lightning's table: (default on_step, on_epoch), and whether both flags are free; absent hooks cannot log.
+_LOG_LEVELS = {
+    **dict.fromkeys(
+        (
+            "training_step",
+            "on_train_batch_start",
+            "on_train_batch_end",
+            "on_before_backward",
+            "backward",
+            "on_after_backward",
+            "on_before_optimizer_step",
+            "optimizer_step",
+            "configure_gradient_clipping",
+            "clip_gradients",
+            "on_before_zero_grad",
+            "optimizer_zero_grad",
+        ),
+        _STEP,
+    ),
+    **dict.fromkeys(
+        (
+            "validation_step",
+            "test_step",
+            "on_validation_batch_start",
+            "on_validation_batch_end",
+            "on_test_batch_start",
+            "on_test_batch_end",
+        ),
+        _EVAL_STEP,
+    ),
+    **dict.fromkeys(
+        (
+            "on_train_start",
+            "on_train_epoch_start",
+            "on_train_epoch_end",
+            "on_validation_start",
+            "on_validation_epoch_start",
+            "on_validation_epoch_end",
+            "on_test_start",
+            "on_test_epoch_start",
+            "on_test_epoch_end",
+        ),
+        _EPOCH_ONLY,
+    ),
+}
+_REDUCTIONS: dict[Any, str] = {
+    "mean": "mean",
+    "avg": "mean",
+    "sum": "sum",
+    "max": "max",
+    "min": "min",
+    torch.mean: "mean",
+    torch.sum: "sum",
+    sum: "sum",
+    torch.max: "max",
+    max: "max",
+    torch.min: "min",
+    min: "min",
+}
+
+
+def log_levels(fx: str | None, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
+    """Lightning's defaults and permissions for logging from hook ``fx``."""
+    levels = _LOG_LEVELS.get(fx) if fx is not None else None
+    if levels is None:
+        raise RuntimeError(f"self.log cannot be called from {fx or 'outside a Trainer hook'}")
+    (default_step, default_epoch), free = levels
+    on_step = default_step if on_step is None else on_step
+    on_epoch = default_epoch if on_epoch is None else on_epoch
+    if not free and (on_step, on_epoch) != (False, True):
+        raise ValueError(f"self.log in {fx} accepts only on_step=False, on_epoch=True (got {on_step}, {on_epoch})")
+    if not on_step and not on_epoch:
+        raise ValueError(f"self.log in {fx} with on_step=False and on_epoch=False records nothing; set one of them")
+    return bool(on_step), bool(on_epoch)
+
+
+def reduction(reduce_fx: Any) -> str:
+    key = reduce_fx.lower() if isinstance(reduce_fx, str) else reduce_fx
+    try:
+        return _REDUCTIONS[key]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"reduce_fx={reduce_fx!r}: accepted values are 'mean' (or 'avg'), 'sum', 'max', 'min' and the matching "
+            "torch or builtin functions"
+        ) from None
+
+
+class Meta(NamedTuple):
+    """How one key was logged; a tuple so that building and comparing it on every step is cheap."""
+
+    fx: str
+    name: str
+    prog_bar: bool
+    logger: bool
+    on_step: bool
+    on_epoch: bool
+    reduce: str
+    enable_graph: bool
+    add_dataloader_idx: bool
+    dataloader_idx: int | None
+    sync_dist: bool
+
+    def names(self, on_step: bool) -> tuple[str, str]:
+        """(plain name, forked name): ``x`` and ``x_step``/``x_epoch`` when both levels are on."""
+        forked = f"{self.name}_{'step' if on_step else 'epoch'}" if self.on_step and self.on_epoch else self.name
+        if self.add_dataloader_idx and self.dataloader_idx is not None:
+            suffix = DATALOADER_SUFFIX.format(self.dataloader_idx)
+            return self.name + suffix, forked + suffix
+        return self.name, forked
+
+
+class Metric:
+    """One logged key: its latest step value and its epoch accumulator, both tensors on the device."""
+
+    __slots__ = ("computed", "has_reset", "meta", "step_value", "total", "weight")
+
+    def __init__(self, meta: Meta) -> None:
+        self.meta = meta
+        self.reset()
+
+    def update(self, value: torch.Tensor, batch_size: int) -> None:
+        self.computed = None
+        self.has_reset = False
+        if self.meta.on_step:
+            self.step_value = value
+            if not self.meta.on_epoch:
+                return
+        if self.total is None:
+            self.total = value * batch_size if self.meta.reduce == "mean" else value
+        elif self.meta.reduce == "mean":
+            self.total = self.total + value * batch_size
+        elif self.meta.reduce == "sum":
+            self.total = self.total + value
+        else:
+            self.total = (torch.maximum if self.meta.reduce == "max" else torch.minimum)(self.total, value)
+        self.weight += batch_size
+
+    def compute(self, sync: Callable[[torch.Tensor, str], torch.Tensor] | None) -> torch.Tensor | None:
+        if self.computed is None and self.total is not None:
+            total, weight = self.total, self.weight
+            if sync is not None and self.meta.sync_dist:
+                total = sync(total.clone(), "sum" if self.meta.reduce == "mean" else self.meta.reduce)
+                weight = sync(torch.tensor(float(weight), device=total.device), "sum")
+            self.computed = total / weight if self.meta.reduce == "mean" else total
+        return self.computed
+
+    def reset(self) -> None:
+        self.step_value: torch.Tensor | None = None
+        self.total: torch.Tensor | None = None
+        self.weight = 0
+        self.computed: torch.Tensor | None = None
+        self.has_reset = True
+
+
+class ResultCollection(dict):
+    """The metrics one loop logged. ``batch`` and ``dataloader_idx`` are the batch being processed."""
+
+    def __init__(self, training: bool) -> None:
+        super().__init__()
+        self.training = training
+        self.batch: Any = None
+        self.batch_size: int | None = None
+        self.dataloader_idx: int | None = None
+        self.sync: Callable[[torch.Tensor, str], torch.Tensor] | None = None
+
+    def log(self, meta: Meta, value: torch.Tensor, batch_size: int | None) -> None:
+        key = f"{meta.fx}.{meta.name}"
+        if meta.add_dataloader_idx and meta.dataloader_idx is not None:
+            key += f".{meta.dataloader_idx}"
+        metric = self.get(key)
+        if metric is None:
+            metric = self[key] = Metric(meta)
+        elif metric.meta != meta:
+            raise ValueError(f"self.log({meta.name!r}, ...) was called twice in {meta.fx} with different arguments")
+        metric.update(value, self._batch_size(meta, batch_size))
+
+    def _batch_size(self, meta: Meta, batch_size: int | None) -> int:
+        if batch_size is not None:
+            return batch_size
+        if self.batch_size is None:
+            if self.batch is None or not (meta.on_epoch and meta.reduce == "mean"):
+                return 1
+            self.batch_size = batch_size_of(self.batch)
+        return self.batch_size
+
+    def metrics(self, on_step: bool) -> tuple[dict, dict, dict]:
+        """(callback, logged, progress-bar) tensors for the step or the epoch, as Lightning names them."""
+        callback: dict[str, torch.Tensor] = {}
+        logged: dict[str, torch.Tensor] = {}
+        bar: dict[str, torch.Tensor] = {}
+        for metric in self.values():
+            meta = metric.meta
+            if metric.has_reset or meta.dataloader_idx != self.dataloader_idx:
+                continue
+            if on_step:
+                value = metric.step_value if meta.on_step else None
+            else:
+                value = metric.compute(self.sync) if meta.on_epoch else None
+            if value is None:
+                continue
+            name, forked = meta.names(on_step)
+            if meta.logger:
+                logged[forked] = value
+            if self.training or (meta.on_epoch and not on_step):
+                callback[name] = value
+                callback[forked] = value
+            if meta.prog_bar:
+                bar[forked] = value
+        return callback, logged, bar
+
+    def reset(self, fx: str | None = None) -> None:
+        for metric in self.values():
+            if fx is None or metric.meta.fx == fx:
+                metric.reset()

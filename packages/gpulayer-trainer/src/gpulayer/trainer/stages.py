@@ -1,0 +1,181 @@
+"""What every entry point does around its loop: set up, run, tear down, or report the exception (§4.1, §4.5)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from gpulayer.trainer import process_settings
+from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.hooks import Hooks, is_overridden
+from gpulayer.trainer.module import Module
+from gpulayer.trainer.optimization import AutomaticOptimization
+from gpulayer.trainer.optimizers import parse_optimizers
+
+
+def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule | None) -> Any:
+    """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``; returns the loop's result."""
+    trainer.should_stop = False
+    trainer.state_fn = stage
+    trainer.lightning_module, module.trainer = module, trainer
+    trainer.datamodule = datamodule
+    if datamodule is not None:
+        datamodule.trainer = trainer
+    trainer._hooks = Hooks(trainer, module, trainer.callbacks)
+    try:
+        trainer.callbacks = _with_module_callbacks(trainer.callbacks, trainer._hooks.module("configure_callbacks"))
+        trainer._hooks = hooks = Hooks(trainer, module, trainer.callbacks)
+        _verify(trainer, stage, module)
+        _set_up(trainer, stage, module, datamodule, hooks)
+        if stage == "fit":
+            result = _fit(trainer, module, hooks)
+        else:
+            loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
+            with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
+                result = loop.run()
+    except BaseException as error:
+        trainer._hooks.on_exception(error)
+        if datamodule is not None:
+            datamodule.on_exception(error)
+        _to_cpu(trainer, module)
+        if isinstance(error, KeyboardInterrupt):
+            raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
+        raise
+    _to_cpu(trainer, module)
+    if stage == "fit":
+        hooks.both("on_fit_end")
+    if datamodule is not None:
+        datamodule.teardown(stage)
+    hooks.callbacks("teardown", stage)
+    hooks.module("teardown", stage)
+    return result
+
+
+_REMOVED_HOOKS = {
+    "training_epoch_end": "on_train_epoch_end",
+    "validation_epoch_end": "on_validation_epoch_end",
+    "test_epoch_end": "on_test_epoch_end",
+}
+
+
+def _verify(trainer: Any, stage: str, module: Module) -> None:
+    """Lightning's ``_verify_loop_configurations``: inside the run, so ``on_exception`` hears about it."""
+    name = type(module).__name__
+    for removed, new in _REMOVED_HOOKS.items():
+        if hasattr(module, removed):
+            raise NotImplementedError(f"{name}.{removed} was removed in Lightning 2.0; use {new}")
+    if stage == "fit":
+        if not is_overridden("training_step", module, Module):
+            raise NotImplementedError(f"{name} must define training_step() to fit")
+        if not module.automatic_optimization:
+            raise NotImplementedError(f"{name}.automatic_optimization=False: manual optimization is not supported yet")
+        if not trainer._train_source.is_defined():
+            raise ValueError(
+                "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
+            )
+    step = {"validate": "validation_step", "test": "test_step"}.get(stage)
+    if step is not None and not is_overridden(step, module, Module):
+        raise NotImplementedError(f"{stage}: {name} does not define {step}()")
+
+
+def _set_up(trainer: Any, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
+    """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, then onto the device."""
+    if datamodule is not None and is_overridden("prepare_data", datamodule, DataModule):
+        datamodule.prepare_data()
+    if is_overridden("prepare_data", module, Module):
+        hooks.module("prepare_data")
+    if datamodule is not None:
+        datamodule.setup(stage)
+    hooks.callbacks("setup", stage)
+    hooks.module("setup", stage)
+    if is_overridden("configure_model", module, Module):
+        hooks.module("configure_model")
+    trainer._metric_hub.activate(None)
+    trainer._metric_hub.reset_metrics()
+    trainer._metric_hub.first_loop_iter = None
+    module.to(trainer._device)
+    trainer._precision.convert_module(module)
+
+
+def _fit(trainer: Any, module: Module, hooks: Hooks) -> None:
+    trainer.fit_loop.resolve_limits()
+    trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
+    trainer._optimization = AutomaticOptimization(trainer)
+    if trainer._device.type == "cuda" and trainer.args.benchmark is None:
+        process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
+    hooks.both("on_fit_start")
+    with _isolated_rng():
+        _sanity_check(trainer, hooks)
+    trainer.fit_loop.run()
+
+
+def _sanity_check(trainer: Any, hooks: Hooks) -> None:
+    """A few validation batches before training; its metrics are discarded and the RNG is left as it was."""
+    if not (trainer._val_loop.is_enabled() and trainer.args.num_sanity_val_steps > 0):
+        return
+    hub = trainer._metric_hub
+    trainer.sanity_checking = True
+    try:
+        hub.reset_results()
+        hub.reset_metrics()
+        hooks.callbacks("on_sanity_check_start")
+        trainer._run_validation()
+        hooks.callbacks("on_sanity_check_end")
+        hub.activate(trainer._val_loop.results)
+        hub.reset_results()
+        hub.reset_metrics()
+    finally:
+        trainer.sanity_checking = False
+
+
+def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callback]:
+    """Lightning's ``configure_callbacks`` merge: the module's callbacks replace the Trainer's of the same type."""
+    if not extra:
+        return callbacks
+    extra = list(extra) if isinstance(extra, Sequence) else [extra]
+    replaced = {
+        existing
+        for new_type in {type(c) for c in extra}
+        for existing in {type(c) for c in callbacks} - {Callback}
+        if issubclass(new_type, existing)
+    }
+    return [c for c in callbacks if type(c) not in replaced] + extra
+
+
+def _to_cpu(trainer: Any, module: Module) -> None:
+    """Lightning's strategy teardown: the model and the optimizer state go back to the CPU after every run."""
+    if trainer._device.type == "cpu":
+        return
+    module.cpu()
+    for optimizer in trainer.optimizers:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                state[key] = map_tensors(value, lambda t: t.cpu())
+
+
+@contextlib.contextmanager
+def _isolated_rng() -> Iterator[None]:
+    """Restore torch's, CUDA's, NumPy's and Python's RNG states afterwards (Lightning's ``isolate_rng``)."""
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    python_state = random.getstate()
+    try:
+        import numpy
+    except ImportError:
+        numpy = None
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)

@@ -1,0 +1,51 @@
+"""``max_time``: Lightning's ``Timer`` callback with ``interval="step"``, which the Trainer adds for it."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from gpulayer.trainer.callback import Callback
+
+
+class Timer(Callback):
+    """Stops training once the time spent in it reaches ``duration`` (sanity check excluded).
+
+    Checked at ``on_fit_start`` and after every training batch; sets ``trainer.should_stop``, so the usual
+    rules follow: validation right after that batch, then the end of the epoch and of ``fit``.
+    """
+
+    def __init__(self, duration: timedelta) -> None:
+        self.duration = duration.total_seconds()
+        self._start: float | None = None
+        self._end: float | None = None
+        self._offset = 0.0
+
+    def time_elapsed(self) -> float:
+        if self._start is None:
+            return self._offset
+        end = time.monotonic() if self._end is None else self._end
+        return end - self._start + self._offset
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start, self._end = time.monotonic(), None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._check(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"time_elapsed": {"train": self.time_elapsed()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._offset = state_dict["time_elapsed"].get("train", 0.0)
+
+    def _check(self, trainer: Any) -> None:
+        # One process today; the DDP issue combines this decision across ranks (it ends work).
+        trainer.should_stop = trainer.should_stop or self.time_elapsed() >= self.duration

@@ -1,0 +1,379 @@
+"""``Trainer``: Lightning's entry points (``fit``, ``validate``, ``test``, ``predict``) and state, on one process."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from gpulayer.runtime import Placement
+from gpulayer.trainer import process_settings
+from gpulayer.trainer.arguments import parse_arguments
+from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.data import DataSource
+from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.evaluation_loop import EvaluationLoop
+from gpulayer.trainer.fit_loop import FitLoop
+from gpulayer.trainer.log_line import LogLine
+from gpulayer.trainer.metric_hub import MetricHub
+from gpulayer.trainer.module import Module
+from gpulayer.trainer.precision import Precision
+from gpulayer.trainer.stages import run_stage
+from gpulayer.trainer.timer import Timer
+
+
+class Trainer:
+    """Trains a ``Module`` with Lightning 2.6's semantics; every argument is checked here, before any work."""
+
+    def __init__(
+        self,
+        *,
+        accelerator: str = "auto",
+        strategy: str = "auto",
+        devices: Any = "auto",
+        num_nodes: int = 1,
+        precision: Any = None,
+        callbacks: Callback | list[Callback] | None = None,
+        fast_dev_run: int | bool = False,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        min_steps: int | None = None,
+        max_time: str | timedelta | dict[str, int] | None = None,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | str | timedelta | dict[str, int] | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: int | float | None = None,
+        gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        default_root_dir: str | None = None,
+        prefetch: bool = False,
+    ) -> None:
+        self.args = parse_arguments(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            fast_dev_run=fast_dev_run,
+            max_epochs=max_epochs,
+            min_epochs=min_epochs,
+            max_steps=max_steps,
+            min_steps=min_steps,
+            max_time=max_time,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps,
+            log_every_n_steps=log_every_n_steps,
+            enable_checkpointing=enable_checkpointing,
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            deterministic=deterministic,
+            benchmark=benchmark,
+            inference_mode=inference_mode,
+            use_distributed_sampler=use_distributed_sampler,
+            default_root_dir=default_root_dir,
+            prefetch=prefetch,
+        )
+        self._user_callbacks = _callback_list(callbacks)
+        self._placement = Placement.detect(accelerator=self.args.accelerator)
+        if self._placement.world_size > 1:
+            raise NotImplementedError(
+                f"this process is rank {self._placement.global_rank} of {self._placement.world_size}: the Trainer "
+                "runs one process today; multi-process training through the Trainer lands with DDP support"
+            )
+        self._device = (
+            torch.device("cuda", self.args.device_index) if self.args.accelerator == "cuda" else torch.device("cpu")
+        )
+        process_settings.apply(self.args)
+        self.callbacks: list[Callback] = self._user_callbacks + (
+            [Timer(self.args.max_time)] if self.args.max_time is not None else []
+        )
+        self.should_stop = False
+        self.sanity_checking = False
+        self.state_fn: str | None = None
+        self.lightning_module: Module | None = None
+        self.datamodule: DataModule | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[Any] = []
+        self._global_step = 0
+        self._epochs_completed = 0
+        self._last_val_time = 0.0
+        self._precision = Precision(self.args.precision, self._device)
+        self._metric_hub = MetricHub()
+        self._log_line = LogLine(self)
+        self._optimization: Any = None
+        self._hooks: Any = None
+        self._train_source: DataSource | None = None
+        self.fit_loop = FitLoop(self)
+        self._val_loop = EvaluationLoop(self, "validate")
+        self._test_loop = EvaluationLoop(self, "test")
+        self._predict_loop = EvaluationLoop(self, "predict")
+
+    # ---- entry points ----------------------------------------------------------------------------------------------
+    def fit(
+        self,
+        model: Module,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | None = None,
+    ) -> None:
+        """Train ``model``; loaders come from the arguments, else ``datamodule``, else the model's hooks."""
+        if isinstance(train_dataloaders, DataModule):
+            datamodule, train_dataloaders = train_dataloaders, None
+        _check_sources(datamodule, train_dataloaders, val_dataloaders)
+        _check_ckpt_path(ckpt_path)
+        module = _check_module(model, "fit")
+        self._train_source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
+        if self._train_source.is_defined() is False:
+            raise ValueError(
+                "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
+            )
+        self._val_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
+        self.fit_loop.loader = None
+        run_stage(self, "fit", module, datamodule)
+
+    def validate(
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """One validation run; one dict of epoch metrics per loader, as Python floats."""
+        return self._evaluate("validate", self._val_loop, model, dataloaders, ckpt_path, verbose, datamodule)
+
+    def test(
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """One test run; one dict of epoch metrics per loader, as Python floats."""
+        return self._evaluate("test", self._test_loop, model, dataloaders, ckpt_path, verbose, datamodule)
+
+    def predict(
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        return_predictions: bool | None = None,
+        ckpt_path: str | None = None,
+    ) -> list[Any] | None:
+        """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
+        module, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule, ckpt_path)
+        self._predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
+        predictions = run_stage(self, "predict", module, datamodule)
+        return predictions if return_predictions is not False else None
+
+    def _evaluate(
+        self,
+        stage: str,
+        loop: EvaluationLoop,
+        model: Module | None,
+        dataloaders: Any,
+        ckpt_path: str | None,
+        verbose: bool,
+        datamodule: DataModule | None,
+    ) -> list[dict[str, float]]:
+        module, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule, ckpt_path)
+        loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
+        results = run_stage(self, stage, module, datamodule)
+        floats = [{name: value.item() for name, value in logged.items()} for logged in results]
+        if verbose and self.is_global_zero:
+            _print_results(stage, floats)
+        return floats
+
+    def _eval_inputs(
+        self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None, ckpt_path: str | None
+    ) -> tuple[Module, DataModule | None]:
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        _check_sources(datamodule, dataloaders)
+        _check_ckpt_path(ckpt_path)
+        if model is None:
+            if self.lightning_module is None:
+                raise ValueError(f"{stage}: pass a model; this Trainer has not been given one before")
+            model = self.lightning_module
+        return _check_module(model, stage), datamodule
+
+    def _run_validation(self) -> None:
+        """Validation during ``fit``: always under ``no_grad`` (Lightning's rule, whatever ``inference_mode`` says)."""
+        with torch.no_grad():
+            self._val_loop.run()
+
+    # ---- per-batch plumbing ------------------------------------------------------------------------------------------
+    def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning's batch path: precision conversion, then the three transfer hooks (a DataModule's win)."""
+        batch = self._precision.convert_input(batch)
+        owner = self.datamodule if self.datamodule is not None else None
+        batch = self._transfer_hook("on_before_batch_transfer", owner, batch, dataloader_idx)
+        if (
+            self._device.type != "cpu"
+            or _overrides(self.lightning_module, "transfer_batch_to_device")
+            or (owner is not None and hasattr(type(owner), "transfer_batch_to_device"))
+        ):  # the default moves tensors with .to(device): nothing to do on the CPU
+            batch = self._transfer_hook("transfer_batch_to_device", owner, batch, self._device, dataloader_idx)
+        return self._transfer_hook("on_after_batch_transfer", owner, batch, dataloader_idx)
+
+    def _transfer_hook(self, name: str, datamodule: DataModule | None, *args: Any) -> Any:
+        if datamodule is not None and hasattr(type(datamodule), name):
+            return getattr(datamodule, name)(*args)
+        return self._hooks.module(name, *args)
+
+    def _batch_source(self, iterator: Any) -> Any:
+        if not self.args.prefetch:
+            return iterator
+        from gpulayer.trainer.prefetch import prefetch
+
+        module = self.lightning_module
+        hooks_free = not any(
+            _overrides(module, h)
+            for h in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+        )
+        return prefetch(iterator, self._device if self._device.type == "cuda" and hooks_free else None)
+
+    # ---- state -------------------------------------------------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    @property
+    def current_epoch(self) -> int:
+        return self._epochs_completed
+
+    @property
+    def model(self) -> Module | None:
+        return self.lightning_module
+
+    @property
+    def precision(self) -> str:
+        return self.args.precision
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        return self._metric_hub.callback_metrics()
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        return self._metric_hub.logged_metrics()
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        return self._metric_hub.progress_bar_metrics()
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps this ``fit`` plans (Lightning's formula, including its ``max(max_epochs, 1)``)."""
+        loop, args = self.fit_loop, self.args
+        if self.state_fn != "fit":
+            loop.resolve_limits()
+        if loop.max_epochs == -1:
+            return math.inf if args.max_steps == -1 else args.max_steps
+        loop.setup_data()
+        if loop.max_batches == math.inf:
+            return args.max_steps
+        steps = math.ceil(loop.max_batches / args.accumulate_grad_batches) * max(loop.max_epochs, 1)
+        return min(steps, args.max_steps) if args.max_steps != -1 else steps
+
+    max_epochs = property(lambda self: self.fit_loop.max_epochs if self.state_fn == "fit" else self.args.max_epochs)
+    min_epochs = property(lambda self: self.args.min_epochs)
+    max_steps = property(lambda self: self.args.max_steps)
+    min_steps = property(lambda self: self.args.min_steps)
+    accumulate_grad_batches = property(lambda self: self.args.accumulate_grad_batches)
+    gradient_clip_val = property(lambda self: self.args.gradient_clip_val)
+    gradient_clip_algorithm = property(lambda self: self.args.gradient_clip_algorithm)
+    check_val_every_n_epoch = property(lambda self: self.args.check_val_every_n_epoch)
+    val_check_interval = property(lambda self: self.args.val_check_interval)
+    val_check_batch = property(lambda self: self.fit_loop.val_check_batch)
+    log_every_n_steps = property(lambda self: self.args.log_every_n_steps)
+    fast_dev_run = property(lambda self: self.args.fast_dev_run)
+    num_sanity_val_steps = property(lambda self: self.args.num_sanity_val_steps)
+    limit_train_batches = property(lambda self: self.args.limit_train_batches)
+    limit_val_batches = property(lambda self: self.args.limit_val_batches)
+    limit_test_batches = property(lambda self: self.args.limit_test_batches)
+    limit_predict_batches = property(lambda self: self.args.limit_predict_batches)
+    default_root_dir = property(lambda self: self.args.default_root_dir)
+    num_training_batches = property(lambda self: self.fit_loop.max_batches)
+    num_val_batches = property(lambda self: list(self._val_loop.max_batches))
+    num_test_batches = property(lambda self: list(self._test_loop.max_batches))
+    num_predict_batches = property(lambda self: list(self._predict_loop.max_batches))
+    is_last_batch = property(lambda self: self.fit_loop.is_last_batch)
+    global_rank = property(lambda self: self._placement.global_rank)
+    local_rank = property(lambda self: self._placement.local_rank)
+    node_rank = property(lambda self: self._placement.node_rank)
+    world_size = property(lambda self: self._placement.world_size)
+    num_nodes = property(lambda self: self.args.num_nodes)
+    num_devices = property(lambda self: 1)
+    is_global_zero = property(lambda self: self._placement.global_rank == 0)
+    training = property(lambda self: self.state_fn == "fit" and not self.sanity_checking)
+    validating = property(lambda self: self.state_fn == "validate" or self.sanity_checking)
+    testing = property(lambda self: self.state_fn == "test")
+    predicting = property(lambda self: self.state_fn == "predict")
+
+    @property
+    def log_dir(self) -> str:
+        """Where this run writes (with no logger yet: ``default_root_dir``, as Lightning with ``logger=False``)."""
+        return self.args.default_root_dir
+
+
+def _callback_list(callbacks: Any) -> list[Callback]:
+    if callbacks is None:
+        return []
+    many = [callbacks] if isinstance(callbacks, Callback) else callbacks
+    many = list(many) if isinstance(many, Iterable) else None
+    if many is None or not all(isinstance(c, Callback) for c in many):
+        raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
+    return many
+
+
+def _check_module(model: Any, stage: str) -> Module:
+    if not isinstance(model, Module):
+        raise TypeError(f"{stage}: model must be a gpulayer.trainer.Module, got {type(model).__name__}")
+    return model
+
+
+def _overrides(module: Module, name: str) -> bool:
+    return getattr(type(module), name, None) is not getattr(Module, name, None)
+
+
+def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:
+    if datamodule is not None and any(loader is not None for loader in loaders):
+        raise ValueError("pass either dataloaders or a datamodule, not both")
+    if datamodule is not None and not isinstance(datamodule, DataModule):
+        raise TypeError(f"datamodule must be a gpulayer.trainer.DataModule, got {type(datamodule).__name__}")
+
+
+def _check_ckpt_path(ckpt_path: str | None) -> None:
+    if ckpt_path is not None:
+        raise NotImplementedError(f"ckpt_path={ckpt_path!r}: resuming from checkpoints is not supported yet")
+
+
+def _print_results(stage: str, results: list[dict[str, float]]) -> None:
+    for index, metrics in enumerate(results):
+        title = f"{stage} results" + (f" (dataloader {index})" if len(results) > 1 else "")
+        print(title)
+        for name, value in sorted(metrics.items()):
+            print(f"  {name:<30} {value:.6g}")

@@ -1,0 +1,135 @@
+"""Trainer(...) rejects bad arguments at construction, naming the argument, the value and what is accepted."""
+
+import math
+from datetime import timedelta
+
+import pytest
+
+from gpulayer.trainer import Callback, Trainer
+
+BAD = [
+    ({"accelerator": "tpu"}, ValueError, "accelerator='tpu'"),
+    ({"strategy": "deepspeed"}, ValueError, "strategy='deepspeed'"),
+    ({"devices": 0}, ValueError, "devices=0"),
+    ({"devices": [0, 1]}, TypeError, "devices=[0, 1]"),
+    ({"devices": 2}, NotImplementedError, "devices=2"),
+    ({"num_nodes": 0}, ValueError, "num_nodes=0"),
+    ({"precision": "fp16"}, ValueError, "precision='fp16'"),
+    ({"precision": "32-true "}, ValueError, "precision='32-true '"),
+    ({"fast_dev_run": -1}, ValueError, "fast_dev_run=-1"),
+    ({"max_epochs": -2}, ValueError, "max_epochs=-2"),
+    ({"max_epochs": 1.5}, TypeError, "max_epochs=1.5"),
+    ({"min_epochs": -1}, ValueError, "min_epochs=-1"),
+    ({"max_steps": -2}, ValueError, "max_steps=-2"),
+    ({"min_steps": -1}, ValueError, "min_steps=-1"),
+    ({"max_time": "00:1:00:00"}, ValueError, "max_time='00:1:00:00'"),
+    ({"max_time": {"weeks_": 1}}, ValueError, "max_time="),
+    ({"max_time": 5}, ValueError, "max_time=5"),
+    ({"limit_train_batches": 1.5}, ValueError, "limit_train_batches=1.5"),
+    ({"limit_val_batches": -1}, ValueError, "limit_val_batches=-1"),
+    ({"limit_test_batches": "all"}, ValueError, "limit_test_batches='all'"),
+    ({"limit_predict_batches": True}, TypeError, "limit_predict_batches=True"),
+    ({"val_check_interval": 1.5}, ValueError, "val_check_interval=1.5"),
+    ({"val_check_interval": 0}, ValueError, "val_check_interval=0"),
+    ({"val_check_interval": 0.5, "check_val_every_n_epoch": None}, ValueError, "check_val_every_n_epoch=None"),
+    ({"check_val_every_n_epoch": 0}, ValueError, "check_val_every_n_epoch=0"),
+    ({"check_val_every_n_epoch": 1.0}, TypeError, "check_val_every_n_epoch=1.0"),
+    ({"num_sanity_val_steps": -2}, ValueError, "num_sanity_val_steps=-2"),
+    ({"log_every_n_steps": -1}, ValueError, "log_every_n_steps=-1"),
+    ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches=0"),
+    ({"gradient_clip_val": "1"}, TypeError, "gradient_clip_val='1'"),
+    ({"gradient_clip_val": -1.0}, ValueError, "gradient_clip_val=-1.0"),
+    ({"gradient_clip_algorithm": "l2"}, ValueError, "gradient_clip_algorithm='l2'"),
+    ({"deterministic": 1}, ValueError, "deterministic=1"),
+    ({"benchmark": "yes"}, ValueError, "benchmark='yes'"),
+    ({"enable_checkpointing": 1}, TypeError, "enable_checkpointing=1"),
+    ({"inference_mode": None}, TypeError, "inference_mode=None"),
+    ({"use_distributed_sampler": "no"}, TypeError, "use_distributed_sampler='no'"),
+    ({"prefetch": 1}, TypeError, "prefetch=1"),
+    ({"default_root_dir": 3}, TypeError, "default_root_dir=3"),
+    ({"callbacks": ["not a callback"]}, TypeError, "callbacks="),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "named"), BAD, ids=[str(k) for k, _, _ in BAD])
+def test_a_bad_argument_is_refused_at_construction_before_any_file_is_made(tmp_path, kwargs, error, named):
+    root = tmp_path / "run"
+    with pytest.raises(error) as raised:
+        Trainer(
+            accelerator=kwargs.pop("accelerator", "cpu"),
+            default_root_dir=kwargs.pop("default_root_dir", root),
+            **kwargs,
+        )
+    assert named in str(raised.value)
+    assert not root.exists()
+
+
+def test_the_error_lists_the_accepted_values():
+    with pytest.raises(ValueError, match="'norm', 'value'"):
+        Trainer(accelerator="cpu", gradient_clip_algorithm="l1")
+
+
+def test_limits_follow_lightnings_int_and_fraction_rule():
+    trainer = Trainer(
+        accelerator="cpu",
+        limit_train_batches=2.0,
+        limit_val_batches=1,
+        limit_test_batches=1.0,
+        limit_predict_batches=0.25,
+    )
+    args = trainer.args
+    assert (args.limit_train_batches, args.limit_val_batches) == (2, 1)
+    assert isinstance(args.limit_train_batches, int)
+    assert (args.limit_test_batches, args.limit_predict_batches) == (1.0, 0.25)
+
+
+def test_fast_dev_run_overrides_the_loop_arguments():
+    args = Trainer(accelerator="cpu", fast_dev_run=3, max_epochs=9, num_sanity_val_steps=5, limit_val_batches=0.1).args
+    assert (args.limit_train_batches, args.limit_val_batches, args.max_steps, args.max_epochs) == (3, 3, 3, 1)
+    assert args.num_sanity_val_steps == 0
+    assert Trainer(accelerator="cpu", fast_dev_run=True).args.fast_dev_run == 1
+
+
+def test_durations_take_lightnings_three_forms():
+    assert Trainer(accelerator="cpu", max_time="1:02:03:04").args.max_time == timedelta(
+        days=1, hours=2, minutes=3, seconds=4
+    )
+    assert Trainer(accelerator="cpu", max_time={"minutes": 0.5}).args.max_time == timedelta(seconds=30)
+    assert Trainer(accelerator="cpu", val_check_interval="0:0:1:5").args.val_check_interval == timedelta(seconds=65)
+
+
+def test_defaults_resolve_as_lightnings():
+    args = Trainer(accelerator="cpu").args
+    assert args.num_sanity_val_steps == 2 and args.log_every_n_steps == 50 and args.val_check_interval == 1.0
+    assert args.precision == "32-true" and args.enable_checkpointing is True
+    assert Trainer(accelerator="cpu", num_sanity_val_steps=-1).args.num_sanity_val_steps == math.inf
+
+
+@pytest.mark.parametrize(
+    ("given", "resolved"), [(32, "32-true"), ("32", "32-true"), (64, "64-true"), ("bf16-mixed", "bf16-mixed")]
+)
+def test_precision_aliases_resolve_silently(given, resolved):
+    assert Trainer(accelerator="cpu", precision=given).precision == resolved
+
+
+@pytest.mark.parametrize(
+    ("given", "resolved"), [(16, "bf16-mixed"), ("16-mixed", "bf16-mixed"), ("bf16", "bf16-mixed")]
+)
+def test_fp16_amp_on_cpu_becomes_bf16_with_a_warning(given, resolved):
+    with pytest.warns(UserWarning):
+        assert Trainer(accelerator="cpu", precision=given).precision == resolved
+
+
+def test_deterministic_switches_torch_to_deterministic_algorithms():
+    Trainer(accelerator="cpu", deterministic="warn")
+    import torch
+
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    Trainer(accelerator="cpu", deterministic=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_single_callback_or_a_list_is_accepted():
+    callback = Callback()
+    assert Trainer(accelerator="cpu", callbacks=callback).callbacks == [callback]
+    assert Trainer(accelerator="cpu", callbacks=[callback]).callbacks == [callback]

@@ -4,35 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulayer.trainer.model_hooks import DataHooks
 
-class DataModule:
+
+class DataModule(DataHooks):
     """Override ``setup`` and the ``*_dataloader`` methods you need; ``prepare_data`` runs once, before ``setup``."""
 
     prepare_data_per_node: bool = True
 
     def __init__(self) -> None:
         self.trainer: Any = None
-
-    def prepare_data(self) -> None:
-        pass
-
-    def setup(self, stage: str) -> None:
-        pass
-
-    def teardown(self, stage: str) -> None:
-        pass
-
-    def train_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
-
-    def val_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
-
-    def test_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
-
-    def predict_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
 
     def state_dict(self) -> dict[str, Any]:
         return {}

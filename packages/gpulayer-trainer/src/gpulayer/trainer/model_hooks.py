@@ -1,4 +1,5 @@
-"""``ModelHooks``: the module hooks Lightning calls, with its names and arguments; each a no-op by default."""
+"""The hooks Lightning calls, with its names and arguments: ``ModelHooks`` (a ``Module``'s, each a no-op by
+default) and ``DataHooks`` (shared by ``Module`` and ``DataModule``: data preparation, setup and loaders)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,28 @@ class ModelHooks:
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> Any:
         return None
+
+
+class DataHooks:
+    """Data preparation, ``setup``/``teardown`` per stage, and the loaders; a loader hook counts only if overridden."""
+
+    def prepare_data(self) -> None:
+        pass
+
+    def setup(self, stage: str) -> None:
+        pass
+
+    def teardown(self, stage: str) -> None:
+        pass
+
+    def train_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
+
+    def val_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
+
+    def test_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")

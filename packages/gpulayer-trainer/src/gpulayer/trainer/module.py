@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.model_hooks import ModelHooks
+from gpulayer.trainer.model_hooks import DataHooks, ModelHooks
 from gpulayer.trainer.results import Meta, log_levels, reduction
 
 
-class Module(ModelHooks, nn.Module):
+class Module(ModelHooks, DataHooks, nn.Module):
     """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -220,27 +220,6 @@ class Module(ModelHooks, nn.Module):
 
     def configure_model(self) -> None:
         pass
-
-    def prepare_data(self) -> None:
-        pass
-
-    def setup(self, stage: str) -> None:
-        pass
-
-    def teardown(self, stage: str) -> None:
-        pass
-
-    def train_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
-
-    def val_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
-
-    def test_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
-
-    def predict_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
 
     # ---- the optimization step, as Lightning splits it ------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

@@ -68,7 +68,10 @@ class Hooks:
             state["_current_fx_name"] = previous
 
     def both(self, name: str, *args: Any) -> Any:
-        self.callbacks(name, *args)
+        if self._overriding[name]:
+            self.callbacks(name, *args)
+        if name in self._noops:
+            return None
         return self.module(name, *args)
 
     def on_exception(self, exception: BaseException) -> None:

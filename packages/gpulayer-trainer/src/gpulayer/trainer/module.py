@@ -177,7 +177,9 @@ class Module(ModelHooks, DataHooks, nn.Module):
                 raise ValueError(
                     f"self.log({name!r}, ...): the tensor must hold exactly one element, not {value.numel()}"
                 )
-            tensor = (value if enable_graph else value.detach()).squeeze()
+            tensor = value if enable_graph else value.detach()
+            if tensor.dim():
+                tensor = tensor.squeeze()
             if not torch.is_floating_point(tensor):
                 warnings.warn(
                     f"self.log({name!r}, ...) in {self._current_fx_name}: the value is not floating point; it is "

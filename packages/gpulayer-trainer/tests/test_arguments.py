@@ -131,5 +131,5 @@ def test_deterministic_switches_torch_to_deterministic_algorithms():
 
 def test_a_single_callback_or_a_list_is_accepted():
     callback = Callback()
-    assert Trainer(accelerator="cpu", callbacks=callback).callbacks == [callback]
-    assert Trainer(accelerator="cpu", callbacks=[callback]).callbacks == [callback]
+    assert Trainer(accelerator="cpu", callbacks=callback, enable_checkpointing=False).callbacks == [callback]
+    assert Trainer(accelerator="cpu", callbacks=[callback], enable_checkpointing=False).callbacks == [callback]

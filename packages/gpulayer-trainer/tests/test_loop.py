@@ -173,11 +173,6 @@ def test_keyboard_interrupt_becomes_system_exit_1_after_on_exception(tmp_path):
     assert exit_info.value.code == 1 and seen == ["KeyboardInterrupt"]
 
 
-def test_ckpt_path_is_refused_until_checkpoints_land(tmp_path):
-    with pytest.raises(NotImplementedError, match="ckpt_path"):
-        Trainer(accelerator="cpu").fit(Regressor(), DataLoader(_data(), batch_size=4), ckpt_path="last")
-
-
 def test_an_iterable_dataset_without_length_trains_and_knows_its_last_batch(tmp_path):
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

@@ -183,3 +183,12 @@ class Callback:
 
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
         pass
+
+
+class Checkpoint(Callback):
+    """Lightning's base of checkpoint callbacks: placed last in ``trainer.callbacks``, run after the module at
+    ``on_train_epoch_end``, and searched for ``ckpt_path="last"`` (``dirpath``) and ``"best"`` (``best_model_path``)."""
+
+    _runs_after_module_on_train_epoch_end = True
+    dirpath: str | None = None
+    best_model_path: str = ""

@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
@@ -91,10 +93,34 @@ def num_batches(loader: Any, limit: int | float, stage: str) -> int | float:
     return count
 
 
-def batches(iterator: Iterator[Any], count: int | float) -> Iterator[tuple[int, Any, bool]]:
-    """``(batch_idx, batch, is_last)`` for at most ``count`` batches; looks one ahead only when ``count`` is unknown."""
+def data_rng_state(loader: Any) -> dict[str, torch.Tensor]:
+    """What decides a loader's order: the global torch RNG and any generator of the loader or its sampler."""
+    state = {"torch": torch.get_rng_state()}
+    for name, generator in _generators(loader).items():
+        state[name] = generator.get_state()
+    return state
+
+
+def set_data_rng_state(loader: Any, state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    for name, generator in _generators(loader).items():
+        if name in state:
+            generator.set_state(state[name])
+
+
+def _generators(loader: Any) -> dict[str, torch.Generator]:
+    found = {
+        "loader": getattr(loader, "generator", None),
+        "sampler": getattr(getattr(loader, "sampler", None), "generator", None),
+    }
+    return {name: generator for name, generator in found.items() if isinstance(generator, torch.Generator)}
+
+
+def batches(iterator: Iterator[Any], count: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
+    """``(batch_idx, batch, is_last)`` from ``start`` up to ``count`` batches; looks one ahead only when ``count``
+    is unknown."""
     if count != math.inf:
-        for batch_idx in range(int(count)):
+        for batch_idx in range(start, int(count)):
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -105,7 +131,7 @@ def batches(iterator: Iterator[Any], count: int | float) -> Iterator[tuple[int, 
         upcoming = next(iterator)
     except StopIteration:
         return
-    batch_idx = 0
+    batch_idx = start
     while True:
         batch = upcoming
         try:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulayer.trainer.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.model_hooks import DataHooks
 
 
-class DataModule(DataHooks):
+class DataModule(DataHooks, HyperparametersMixin):
     """Override ``setup`` and the ``*_dataloader`` methods you need; ``prepare_data`` runs once, before ``setup``."""
 
     prepare_data_per_node: bool = True
 
     def __init__(self) -> None:
+        super().__init__()
         self.trainer: Any = None
 
     def state_dict(self) -> dict[str, Any]:

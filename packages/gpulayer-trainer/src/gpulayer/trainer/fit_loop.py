@@ -12,7 +12,9 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-from gpulayer.trainer.data import as_loader_list, batches, num_batches
+import torch
+
+from gpulayer.trainer.data import as_loader_list, batches, data_rng_state, num_batches, set_data_rng_state
 from gpulayer.trainer.results import ResultCollection
 
 
@@ -32,6 +34,11 @@ class FitLoop:
         self.min_epochs = 0
         self.max_epochs = -1
         self.val_enabled = False
+        # Where the run is, for checkpoints: "idle", "batch" (up to on_train_batch_end), "validation" (after a
+        # batch), "epoch_end"; and the RNG states at which this epoch's iterator was made and first read.
+        self.phase = "idle"
+        self.data_snapshots: dict[str, Any] = {}
+        self.resume: dict[str, Any] | None = None
 
     # ---- limits ------------------------------------------------------------------------------------------------
     def resolve_limits(self) -> None:
@@ -77,7 +84,8 @@ class FitLoop:
             return
         (self.loader,) = as_loader_list(trainer._train_source.request(trainer._hooks, trainer.global_rank), "train")
         self.max_batches = num_batches(self.loader, trainer.args.limit_train_batches, "train")
-        self.iterator = iter(self.loader)
+        if self.epochs_processed == 0 and self.resume is None:
+            self.iterator = self._new_iterator()
         if self.max_batches == 0:
             return
         interval = trainer.args.val_check_interval
@@ -121,12 +129,19 @@ class FitLoop:
     def run_epoch(self) -> None:
         trainer, hooks, hub = self.trainer, self.trainer._hooks, self.trainer._metric_hub
         hub.activate(self.results)
-        hooks.both("on_train_epoch_start")
-        if trainer.current_epoch > 0 and self.iterator is None:
-            self.iterator = iter(self.loader)
-        iterator, self.iterator = self.iterator, None
-        self.batch_idx, self.is_last_batch = -1, False
-        epoch_batches = batches(trainer._batch_source(iterator), self.max_batches)
+        resume, self.resume = self.resume, None
+        if resume is None:
+            hooks.both("on_train_epoch_start")
+            iterator = self.iterator if self.iterator is not None else self._new_iterator()
+            self.iterator = None
+            self.batch_idx, self.is_last_batch = -1, False
+            self.data_snapshots["first"] = data_rng_state(self.loader)
+        else:
+            iterator = self._replayed_iterator(resume["batch_idx"] + 1)
+            self.batch_idx = resume["batch_idx"]
+            self.is_last_batch = self.batch_idx + 1 == self.max_batches
+            self.after_batch(validate=resume["phase"] == "batch")
+        epoch_batches = batches(trainer._batch_source(iterator), self.max_batches, start=self.batch_idx + 1)
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
         while not self._epoch_should_end():
             fetched = next(epoch_batches, None)
@@ -140,6 +155,28 @@ class FitLoop:
             self.after_batch()
         self.end_epoch()
 
+    def _new_iterator(self) -> Any:
+        self.data_snapshots = {"iter": data_rng_state(self.loader)}
+        return iter(self.loader)
+
+    def _replayed_iterator(self, consumed: int) -> Any:
+        """This epoch's iterator, remade from the RNG states it was made and first read with, past ``consumed``."""
+        if not hasattr(self.loader, "__len__"):
+            warnings.warn(
+                f"resuming in the middle of an epoch of a loader without a length: its first {consumed} batches are "
+                "read again and skipped, which resumes exactly only if it yields the same batches in the same order",
+                UserWarning,
+                stacklevel=3,
+            )
+        now = torch.get_rng_state()
+        set_data_rng_state(self.loader, self.data_snapshots["iter"])
+        iterator = iter(self.loader)
+        set_data_rng_state(self.loader, self.data_snapshots["first"])
+        for _ in range(consumed):
+            next(iterator)
+        torch.set_rng_state(now)
+        return iterator
+
     def _epoch_should_end(self) -> bool:
         trainer = self.trainer
         if _reached(trainer.global_step, trainer.args.max_steps) or self.epoch_batches_reached():
@@ -149,6 +186,7 @@ class FitLoop:
     def run_batch(self, batch: Any, batch_idx: int) -> bool:
         """One training batch; False when ``on_train_batch_start`` returned -1 (the epoch ends)."""
         trainer, hooks, hub = self.trainer, self.trainer._hooks, self.trainer._metric_hub
+        self.phase = "batch"
         hub.on_batch_start(batch)
         hooks.callbacks("on_train_batch_start", batch, batch_idx)
         if hooks.module("on_train_batch_start", batch, batch_idx) == -1:
@@ -165,10 +203,11 @@ class FitLoop:
         trainer._log_line.after_batch(self, batch)
         return True
 
-    def after_batch(self) -> None:
+    def after_batch(self, validate: bool = True) -> None:
         """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
         trainer, hub = self.trainer, self.trainer._metric_hub
-        if self.should_validate_now():
+        self.phase = "validation"
+        if validate and self.should_validate_now():
             first_loop_iter = hub.first_loop_iter
             if not self.should_accumulate():
                 trainer._hooks.module("on_validation_model_zero_grad")
@@ -183,6 +222,7 @@ class FitLoop:
         trainer, hooks, hub = self.trainer, self.trainer._hooks, self.trainer._metric_hub
         hub.epoch_end_reached()
         self.epochs_processed += 1
+        self.phase = "epoch_end"
         hooks.callbacks("on_train_epoch_end", monitoring=False)
         hooks.module("on_train_epoch_end")
         hooks.callbacks("on_train_epoch_end", monitoring=True)
@@ -191,6 +231,30 @@ class FitLoop:
             self.step_schedulers(interval="epoch", plateau=True)
         hub.reset_results()
         trainer._epochs_completed = self.epochs_processed
+        self.phase = "idle"
+
+    # ---- position, for checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epochs_processed": self.epochs_processed,
+            "global_step": self.trainer.global_step,
+            "batches_that_stepped": self.batches_that_stepped,
+            "total_batches": self.total_batches,
+            "batch_idx": self.batch_idx,
+            "phase": self.phase,
+            "data_snapshots": dict(self.data_snapshots),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was saved: mid-epoch from the next batch, else with the next epoch."""
+        self.epochs_processed = state["epochs_processed"]
+        self.trainer._global_step = state["global_step"]
+        self.trainer._epochs_completed = self.epochs_processed
+        self.batches_that_stepped = state["batches_that_stepped"]
+        self.total_batches = state["total_batches"]
+        self.data_snapshots = dict(state["data_snapshots"])
+        self.iterator = None
+        self.resume = state if state["phase"] in ("batch", "validation") else None
 
     # ---- decisions ---------------------------------------------------------------------------------------------
     def epoch_batches_reached(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -11,11 +12,12 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.model_hooks import DataHooks, ModelHooks
 from gpulayer.trainer.results import Meta, log_levels, reduction
 
 
-class Module(ModelHooks, DataHooks, nn.Module):
+class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
     """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -314,6 +316,29 @@ class Module(ModelHooks, DataHooks, nn.Module):
 
     def on_predict_model_eval(self) -> None:
         self.trainer.lightning_module.eval()
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | os.PathLike,
+        map_location: Any = None,
+        hparams_file: str | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> Module:
+        """Rebuild the module from a checkpoint's hyperparameters (``kwargs`` override them) and load its weights.
+
+        Loads with ``weights_only=True``: a file holding anything but tensors and plain values is refused unless
+        you pass ``weights_only=False`` for a file you trust.
+        """
+        if hparams_file is not None:
+            raise NotImplementedError(
+                "load_from_checkpoint(hparams_file=...) is not supported; pass overrides as kwargs"
+            )
+        from gpulayer.trainer.checkpoint import load_module
+
+        return load_module(cls, checkpoint_path, map_location, strict, weights_only, **kwargs)
 
     # ---- conveniences ----------------------------------------------------------------------------------------------
     def freeze(self) -> None:

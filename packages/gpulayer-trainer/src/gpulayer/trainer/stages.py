@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import process_settings
+from gpulayer.trainer import checkpoint_io, process_settings
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.callback import Callback, Checkpoint
+from gpulayer.trainer.checkpoint import resolve_ckpt_path, restore_modules_and_callbacks, restore_training_state
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
@@ -32,9 +33,9 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
         trainer.callbacks = _with_module_callbacks(trainer.callbacks, trainer._hooks.module("configure_callbacks"))
         trainer._hooks = hooks = Hooks(trainer, module, trainer.callbacks)
         _verify(trainer, stage, module)
-        _set_up(trainer, stage, module, datamodule, hooks)
+        checkpoint = _set_up(trainer, stage, module, datamodule, hooks)
         if stage == "fit":
-            result = _fit(trainer, module, hooks)
+            result = _fit(trainer, module, hooks, checkpoint)
         else:
             loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
             with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
@@ -82,10 +83,17 @@ def _verify(trainer: Any, stage: str, module: Module) -> None:
     step = {"validate": "validation_step", "test": "test_step"}.get(stage)
     if step is not None and not is_overridden(step, module, Module):
         raise NotImplementedError(f"{stage}: {name} does not define {step}()")
+    if stage != "fit":
+        loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
+        if not loop.source.is_defined():
+            raise ValueError(f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()")
 
 
-def _set_up(trainer: Any, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
-    """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, then onto the device."""
+def _set_up(
+    trainer: Any, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks
+) -> dict[str, Any] | None:
+    """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
+    callback states, then onto the device. Returns the checkpoint, if one was asked for."""
     if datamodule is not None and is_overridden("prepare_data", datamodule, DataModule):
         datamodule.prepare_data()
     if is_overridden("prepare_data", module, Module):
@@ -96,22 +104,38 @@ def _set_up(trainer: Any, stage: str, module: Module, datamodule: DataModule | N
     hooks.module("setup", stage)
     if is_overridden("configure_model", module, Module):
         hooks.module("configure_model")
+    checkpoint = _requested_checkpoint(trainer, stage)
+    if checkpoint is not None:
+        restore_modules_and_callbacks(trainer, checkpoint)
     trainer._metric_hub.activate(None)
     trainer._metric_hub.reset_metrics()
     trainer._metric_hub.first_loop_iter = None
     module.to(trainer._device)
     trainer._precision.convert_module(module)
+    return checkpoint
 
 
-def _fit(trainer: Any, module: Module, hooks: Hooks) -> None:
+def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
+    ckpt_path, weights_only, model_given = trainer._checkpoint_request
+    trainer._checkpoint_request = (None, None, True)
+    trainer.ckpt_path = resolve_ckpt_path(trainer, ckpt_path, stage, model_given)
+    if trainer.ckpt_path is None:
+        return None
+    return checkpoint_io.load(trainer.ckpt_path, weights_only=weights_only is not False)
+
+
+def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:
     trainer.fit_loop.resolve_limits()
     trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
     trainer._optimization = AutomaticOptimization(trainer)
     if trainer._device.type == "cuda" and trainer.args.benchmark is None:
         process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
     hooks.both("on_fit_start")
-    with _isolated_rng():
-        _sanity_check(trainer, hooks)
+    if checkpoint is not None:
+        restore_training_state(trainer, checkpoint)
+    if trainer.fit_loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch
+        with _isolated_rng():
+            _sanity_check(trainer, hooks)
     trainer.fit_loop.run()
 
 
@@ -145,7 +169,8 @@ def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callba
         for existing in {type(c) for c in callbacks} - {Callback}
         if issubclass(new_type, existing)
     }
-    return [c for c in callbacks if type(c) not in replaced] + extra
+    merged = [c for c in callbacks if type(c) not in replaced] + extra
+    return [c for c in merged if not isinstance(c, Checkpoint)] + [c for c in merged if isinstance(c, Checkpoint)]
 
 
 def _to_cpu(trainer: Any, module: Module) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -12,9 +13,12 @@ import torch
 from gpulayer.runtime import Placement
 from gpulayer.trainer import process_settings
 from gpulayer.trainer.arguments import parse_arguments
-from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.callback import Callback, Checkpoint
+from gpulayer.trainer.checkpoint import dump_checkpoint
+from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.log_line import LogLine
@@ -104,9 +108,7 @@ class Trainer:
             torch.device("cuda", self.args.device_index) if self.args.accelerator == "cuda" else torch.device("cpu")
         )
         process_settings.apply(self.args)
-        self.callbacks: list[Callback] = self._user_callbacks + (
-            [Timer(self.args.max_time)] if self.args.max_time is not None else []
-        )
+        self.callbacks: list[Callback] = _with_defaults(self._user_callbacks, self.args)
         self.should_stop = False
         self.sanity_checking = False
         self.state_fn: str | None = None
@@ -123,6 +125,8 @@ class Trainer:
         self._optimization: Any = None
         self._hooks: Any = None
         self._train_source: DataSource | None = None
+        self._checkpoint_request: tuple[str | None, bool | None, bool] = (None, None, True)
+        self.ckpt_path: str | None = None
         self.fit_loop = FitLoop(self)
         self._val_loop = EvaluationLoop(self, "validate")
         self._test_loop = EvaluationLoop(self, "test")
@@ -136,13 +140,18 @@ class Trainer:
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
+        weights_only: bool | None = None,
     ) -> None:
-        """Train ``model``; loaders come from the arguments, else ``datamodule``, else the model's hooks."""
+        """Train ``model``; loaders come from the arguments, else ``datamodule``, else the model's hooks.
+
+        ``ckpt_path`` resumes a run: a path, ``"last"`` or ``"best"``. Checkpoints load with
+        ``weights_only=True`` unless you pass ``weights_only=False`` for a file you trust.
+        """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
-        _check_ckpt_path(ckpt_path)
         module = _check_module(model, "fit")
+        self._checkpoint_request = (ckpt_path, weights_only, True)
         self._train_source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
         if self._train_source.is_defined() is False:
             raise ValueError(
@@ -159,9 +168,11 @@ class Trainer:
         ckpt_path: str | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One validation run; one dict of epoch metrics per loader, as Python floats."""
-        return self._evaluate("validate", self._val_loop, model, dataloaders, ckpt_path, verbose, datamodule)
+        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
+        return self._evaluate("validate", self._val_loop, model, dataloaders, verbose, datamodule)
 
     def test(
         self,
@@ -170,9 +181,11 @@ class Trainer:
         ckpt_path: str | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One test run; one dict of epoch metrics per loader, as Python floats."""
-        return self._evaluate("test", self._test_loop, model, dataloaders, ckpt_path, verbose, datamodule)
+        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
+        return self._evaluate("test", self._test_loop, model, dataloaders, verbose, datamodule)
 
     def predict(
         self,
@@ -181,9 +194,11 @@ class Trainer:
         datamodule: DataModule | None = None,
         return_predictions: bool | None = None,
         ckpt_path: str | None = None,
+        weights_only: bool | None = None,
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
-        module, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule, ckpt_path)
+        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
+        module, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
         self._predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
         predictions = run_stage(self, "predict", module, datamodule)
         return predictions if return_predictions is not False else None
@@ -194,11 +209,10 @@ class Trainer:
         loop: EvaluationLoop,
         model: Module | None,
         dataloaders: Any,
-        ckpt_path: str | None,
         verbose: bool,
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
-        module, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule, ckpt_path)
+        module, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
         loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
         results = run_stage(self, stage, module, datamodule)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
@@ -207,12 +221,11 @@ class Trainer:
         return floats
 
     def _eval_inputs(
-        self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None, ckpt_path: str | None
+        self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None
     ) -> tuple[Module, DataModule | None]:
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
         _check_sources(datamodule, dataloaders)
-        _check_ckpt_path(ckpt_path)
         if model is None:
             if self.lightning_module is None:
                 raise ValueError(f"{stage}: pass a model; this Trainer has not been given one before")
@@ -223,6 +236,25 @@ class Trainer:
         """Validation during ``fit``: always under ``no_grad`` (Lightning's rule, whatever ``inference_mode`` says)."""
         with torch.no_grad():
             self._val_loop.run()
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Write the run's state to ``filepath`` (atomically; global rank 0 writes)."""
+        if self.lightning_module is None:
+            raise RuntimeError(
+                "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"
+            )
+        checkpoint = dump_checkpoint(self, weights_only=bool(weights_only))
+        if self.is_global_zero:
+            save_atomic(checkpoint, filepath)
+
+    @property
+    def checkpoint_callbacks(self) -> list[Checkpoint]:
+        return [callback for callback in self.callbacks if isinstance(callback, Checkpoint)]
+
+    @property
+    def checkpoint_callback(self) -> Checkpoint | None:
+        callbacks = self.checkpoint_callbacks
+        return callbacks[0] if callbacks else None
 
     # ---- per-batch plumbing ------------------------------------------------------------------------------------------
     def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -339,6 +371,21 @@ class Trainer:
         return self.args.default_root_dir
 
 
+def _with_defaults(callbacks: list[Callback], args: Any) -> list[Callback]:
+    """User callbacks, then the ``max_time`` Timer, then every checkpoint callback last (Lightning's order);
+    the default checkpoint when checkpointing is on and none is given."""
+    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
+    if checkpoints and not args.enable_checkpointing:
+        raise ValueError(
+            "enable_checkpointing=False but callbacks holds a checkpoint callback "
+            f"({type(checkpoints[0]).__name__}); remove one of them"
+        )
+    if args.enable_checkpointing and not checkpoints:
+        checkpoints = [DefaultCheckpoint()]
+    timer = [Timer(args.max_time)] if args.max_time is not None else []
+    return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
+
+
 def _callback_list(callbacks: Any) -> list[Callback]:
     if callbacks is None:
         return []
@@ -364,11 +411,6 @@ def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:
         raise ValueError("pass either dataloaders or a datamodule, not both")
     if datamodule is not None and not isinstance(datamodule, DataModule):
         raise TypeError(f"datamodule must be a gpulayer.trainer.DataModule, got {type(datamodule).__name__}")
-
-
-def _check_ckpt_path(ckpt_path: str | None) -> None:
-    if ckpt_path is not None:
-        raise NotImplementedError(f"ckpt_path={ckpt_path!r}: resuming from checkpoints is not supported yet")
 
 
 def _print_results(stage: str, results: list[dict[str, float]]) -> None:

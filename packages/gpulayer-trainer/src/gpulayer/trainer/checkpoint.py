@@ -1,0 +1,185 @@
+"""What a checkpoint holds (Lightning 2.6's top-level layout, §6.1) and how a run is restored from one (§6.2).
+
+Beyond Lightning, GPUlayer stores the RNG states and where in the epoch the run was, so a resumed run ends
+with the weights of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import warnings
+from importlib.metadata import version
+from typing import Any
+
+import torch
+
+from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.hooks import is_overridden
+
+LIGHTNING_FORMAT = "2.6.6"  # the Lightning release whose layout these files follow
+
+
+def dump_checkpoint(trainer: Any, weights_only: bool = False) -> dict[str, Any]:
+    module, datamodule = trainer.lightning_module, trainer.datamodule
+    checkpoint: dict[str, Any] = {
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "pytorch-lightning_version": LIGHTNING_FORMAT,
+        "gpulayer_version": version("gpulayer-trainer"),
+        "state_dict": module.state_dict(),
+        "loops": {"fit_loop": trainer.fit_loop.state_dict()},
+    }
+    if not weights_only:
+        checkpoint["callbacks"] = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
+        checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
+        checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
+        scaler = trainer._precision.scaler
+        if scaler is not None and scaler.state_dict():
+            checkpoint["MixedPrecision"] = scaler.state_dict()
+        checkpoint["rng_states"] = rng_states()
+    for owner, prefix in ((module, ""), (datamodule, "datamodule_")):
+        hparams = getattr(owner, "hparams", None) if owner is not None else None
+        if hparams:
+            if getattr(owner, "_hparams_name", None) is not None:
+                checkpoint[f"{prefix}hparams_name"] = owner._hparams_name
+            checkpoint[f"{prefix}hyper_parameters"] = dict(hparams)
+    if datamodule is not None and (state := datamodule.state_dict()):
+        checkpoint[type(datamodule).__qualname__] = state
+    if not weights_only:
+        for callback in trainer.callbacks:
+            callback.on_save_checkpoint(trainer, module, checkpoint)
+    trainer._hooks.module("on_save_checkpoint", checkpoint)
+    return checkpoint
+
+
+def restore_modules_and_callbacks(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
+    module, datamodule = trainer.lightning_module, trainer.datamodule
+    trainer._hooks.module("on_load_checkpoint", checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=getattr(module, "strict_loading", True))
+    if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+    states = checkpoint.get("callbacks", {})
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, module, checkpoint)
+    for callback in trainer.callbacks:
+        if callback.state_key in states:
+            callback.load_state_dict(states[callback.state_key])
+
+
+def restore_training_state(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """After ``on_fit_start``: scaler, loop position, optimizers, schedulers and the RNG states."""
+    for key in ("optimizer_states", "lr_schedulers"):
+        if key not in checkpoint:
+            raise KeyError(f"the checkpoint has no {key!r}: it was saved with weights_only=True and cannot resume fit")
+    scaler = trainer._precision.scaler
+    if scaler is not None and "MixedPrecision" in checkpoint:
+        scaler.load_state_dict(checkpoint["MixedPrecision"])
+    trainer.fit_loop.load_state_dict(checkpoint["loops"]["fit_loop"])
+    for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
+        optimizer.load_state_dict(state)
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
+        config.scheduler.load_state_dict(state)
+    if "rng_states" in checkpoint:
+        set_rng_states(checkpoint["rng_states"])
+
+
+def rng_states() -> dict[str, Any]:
+    """torch's, CUDA's, Python's and NumPy's global RNG states, as tensors and plain values only."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+    except ImportError:
+        return states
+    kind, keys, position, has_gauss, cached = numpy.random.get_state()
+    states["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(cached)]
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version_, internal, gauss = states["python"]
+    random.setstate((version_, tuple(internal), gauss))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        import numpy
+
+        kind, keys, position, has_gauss, cached = states["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, cached))
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, stage: str, model_given: bool) -> str | None:
+    """Lightning's ``ckpt_path`` rules: a path, ``"last"`` (newest ``last*.ckpt`` of the checkpoint callbacks),
+    ``"best"`` (the first checkpoint callback's ``best_model_path``); an evaluation without a model uses "best"."""
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+    if ckpt_path is None and stage != "fit" and not model_given and best:
+        warnings.warn(
+            f"{stage}: no model and no ckpt_path given; using ckpt_path='best' ({best})", UserWarning, stacklevel=4
+        )
+        ckpt_path = "best"
+    if ckpt_path == "best":
+        callback = trainer.checkpoint_callback
+        if callback is None:
+            raise ValueError(f'{stage}(ckpt_path="best"): there is no checkpoint callback to know the best checkpoint')
+        if not callback.best_model_path:
+            raise ValueError(f'{stage}(ckpt_path="best"): no checkpoint has been saved yet')
+        return callback.best_model_path
+    if ckpt_path == "last":
+        candidates = [
+            os.path.join(cb.dirpath, name)
+            for cb in trainer.checkpoint_callbacks
+            if cb.dirpath and os.path.isdir(cb.dirpath)
+            for name in os.listdir(cb.dirpath)
+            if name.startswith("last") and name.endswith(".ckpt")
+        ]
+        if not candidates:
+            warnings.warn(
+                f'{stage}(ckpt_path="last"): no last*.ckpt found; starting from scratch', UserWarning, stacklevel=4
+            )
+            return None
+        return max(candidates, key=os.path.getmtime)
+    return None if ckpt_path is None else os.fspath(ckpt_path)
+
+
+def load_module(
+    cls: type,
+    checkpoint_path: str | os.PathLike,
+    map_location: Any = None,
+    strict: bool | None = None,
+    weights_only: bool | None = None,
+    **overrides: Any,
+) -> Any:
+    """Lightning's ``load_from_checkpoint``: rebuild ``cls`` from the saved hyperparameters (``overrides``
+    win), then ``configure_model``, ``on_load_checkpoint`` and the weights; the model is returned in train mode
+    on the device of its first saved tensor."""
+    if map_location is None and not torch.cuda.is_available():
+        map_location = "cpu"
+    checkpoint = checkpoint_io.load(checkpoint_path, weights_only=weights_only is not False, map_location=map_location)
+    arguments = dict(checkpoint.get("hyper_parameters", {}))
+    parameters = inspect.signature(cls.__init__).parameters
+    name = checkpoint.get("hparams_name")
+    if name and name in parameters:
+        arguments = {name: arguments}
+    arguments.update(overrides)
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        arguments = {key: value for key, value in arguments.items() if key in parameters}
+    model = cls(**arguments)
+    from gpulayer.trainer.module import Module
+
+    if is_overridden("configure_model", model, Module):
+        model.configure_model()
+    model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(
+        checkpoint["state_dict"], strict=getattr(model, "strict_loading", True) if strict is None else strict
+    )
+    first = next((t for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
+    return model.to(first.device) if first is not None else model

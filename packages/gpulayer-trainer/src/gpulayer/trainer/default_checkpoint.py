@@ -1,0 +1,80 @@
+"""``enable_checkpointing=True`` with no checkpoint callback: Lightning's ``ModelCheckpoint()`` defaults.
+
+``epoch=E-step=S.ckpt`` in ``<log_dir>/checkpoints``, written after each training epoch (or after its
+validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
+default checkpointing works whether or not ``gpulayer-callbacks`` is installed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpulayer.trainer.callback import Checkpoint
+
+
+class DefaultCheckpoint(Checkpoint):
+    def __init__(self) -> None:
+        self.dirpath: str | None = None
+        self.best_model_path = ""
+        self.last_model_path = ""
+        self._last_global_step_saved = 0
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key for its default arguments, so either one restores the other's state.
+        return "ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.log_dir, "checkpoints")
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._saves_on_train_epoch_end(trainer):
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not self._saves_on_train_epoch_end(trainer):
+            self._save(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "monitor": None,
+            "best_model_score": None,
+            "best_model_path": self.best_model_path,
+            "current_score": None,
+            "dirpath": self.dirpath,
+            "best_k_models": {self.best_model_path: None} if self.best_model_path else {},
+            "kth_best_model_path": self.best_model_path,
+            "kth_value": None,
+            "last_model_path": self.last_model_path,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") == self.dirpath:
+            self.best_model_path = state_dict.get("best_model_path", "")
+            self.last_model_path = state_dict.get("last_model_path", "")
+
+    def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
+        """Lightning's rule: at train epoch end unless validation runs on its own schedule within epochs."""
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        if sum(trainer.num_val_batches) == 0:
+            return True
+        return trainer.val_check_interval == 1.0
+
+    def _save(self, trainer: Any) -> None:
+        if (
+            trainer.fast_dev_run
+            or trainer.state_fn != "fit"
+            or trainer.sanity_checking
+            or self._last_global_step_saved == trainer.global_step
+        ):
+            return
+        path = os.path.join(self.dirpath, f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
+        previous = self.best_model_path
+        trainer.save_checkpoint(path)
+        self._last_global_step_saved = trainer.global_step
+        self.best_model_path = path
+        if previous and previous != path and trainer.is_global_zero and os.path.exists(previous):
+            os.remove(previous)

@@ -1,0 +1,257 @@
+"""Checkpoints: Lightning's layout, atomic writes, safe loading, and resuming to the weights of an unbroken run."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpulayer.trainer import Callback, Module, Trainer, seed_everything
+from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
+
+
+class Regressor(Module):
+    def __init__(self, hidden=8, dropout=0.2):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, hidden), torch.nn.Dropout(dropout), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)]
+
+
+def _loader(shuffle=True):
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(40, 4, generator=generator), torch.randn(40, 1, generator=generator))
+    return DataLoader(data, batch_size=4, shuffle=shuffle)
+
+
+class SaveAt(Callback):
+    """Saves a checkpoint at one (epoch, batch) point: after a batch, or at the end of an epoch."""
+
+    def __init__(self, path, epoch, batch_idx=None):
+        self.path, self.epoch, self.batch_idx = path, epoch, batch_idx
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch_idx):
+            trainer.save_checkpoint(self.path)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.batch_idx is None and trainer.current_epoch == self.epoch:
+            trainer.save_checkpoint(self.path)
+
+
+def _trainer(tmp_path, **kwargs):
+    options = dict(accelerator="cpu", max_epochs=3, log_every_n_steps=0, enable_checkpointing=False)
+    return Trainer(default_root_dir=tmp_path, **(options | kwargs))
+
+
+def _weights(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("epoch", "batch_idx"), [(0, None), (1, 3), (1, 9), (0, 0)], ids=str)
+def test_a_resumed_run_ends_with_the_weights_of_an_unbroken_run(tmp_path, shuffle, epoch, batch_idx):
+    path = tmp_path / "point.ckpt"
+    seed_everything(1)
+    unbroken = Regressor()
+    trainer = _trainer(tmp_path, callbacks=[SaveAt(path, epoch, batch_idx)])
+    trainer.fit(unbroken, _loader(shuffle), _loader(False))
+    assert path.exists()
+
+    seed_everything(99)  # a different process state: everything that matters must come from the checkpoint
+    resumed = Regressor()
+    again = _trainer(tmp_path)
+    again.fit(resumed, _loader(shuffle), _loader(False), ckpt_path=path)
+    torch.testing.assert_close(_weights(resumed), _weights(unbroken), rtol=0, atol=0)
+    assert (again.global_step, again.current_epoch) == (trainer.global_step, trainer.current_epoch) == (30, 3)
+
+
+def test_the_file_has_lightnings_top_level_layout(tmp_path):
+    path = tmp_path / "end.ckpt"
+    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer.fit(Regressor(hidden=6), _loader())
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    assert list(checkpoint)[:5] == [
+        "epoch",
+        "global_step",
+        "pytorch-lightning_version",
+        "gpulayer_version",
+        "state_dict",
+    ]
+    assert {"loops", "callbacks", "optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"} <= set(
+        checkpoint
+    )
+    assert (checkpoint["epoch"], checkpoint["global_step"]) == (2, 20)
+    assert checkpoint["hyper_parameters"] == {"hidden": 6, "dropout": 0.2} and checkpoint["hparams_name"] == "kwargs"
+    trainer.save_checkpoint(tmp_path / "weights.ckpt", weights_only=True)
+    weights = torch.load(tmp_path / "weights.ckpt", weights_only=True)
+    assert not {"optimizer_states", "lr_schedulers", "callbacks"} & set(weights)
+
+
+def test_a_gpulayer_checkpoint_loads_in_lightning_and_a_lightning_one_in_gpulayer(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import lightning.pytorch as pl
+
+        class LightningRegressor(pl.LightningModule):
+            def __init__(self, hidden=8, dropout=0.2):
+                super().__init__()
+                self.save_hyperparameters()
+                self.net = torch.nn.Sequential(
+                    torch.nn.Linear(4, hidden), torch.nn.Dropout(dropout), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+                )
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        ours = tmp_path / "ours.ckpt"
+        trainer = _trainer(tmp_path, max_epochs=1)
+        model = Regressor(hidden=5)
+        trainer.fit(model, _loader())
+        trainer.save_checkpoint(ours)
+        in_lightning = LightningRegressor.load_from_checkpoint(ours)
+        assert in_lightning.hparams.hidden == 5
+        torch.testing.assert_close(_weights(in_lightning), _weights(model), rtol=0, atol=0)
+
+        theirs = tmp_path / "theirs.ckpt"
+        lightning_trainer = pl.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            default_root_dir=tmp_path,
+        )
+        lightning_model = LightningRegressor(hidden=7)
+        lightning_trainer.fit(lightning_model, _loader())
+        lightning_trainer.save_checkpoint(theirs)
+    in_gpulayer = Regressor.load_from_checkpoint(theirs)
+    assert in_gpulayer.hparams.hidden == 7 and in_gpulayer.training
+    torch.testing.assert_close(_weights(in_gpulayer), _weights(lightning_model), rtol=0, atol=0)
+
+
+_EVIL = """
+import os
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+"""
+
+
+def test_a_checkpoint_holding_code_is_refused_and_the_code_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    namespace = {}
+    exec(textwrap.dedent(_EVIL.format(marker=marker)), namespace)
+    trainer = _trainer(tmp_path, max_epochs=1)
+    model = Regressor()
+    trainer.fit(model, _loader())
+    path = tmp_path / "evil.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["payload"] = namespace["Evil"]()
+    torch.save(checkpoint, path)
+
+    with pytest.raises(UnsafeCheckpointError, match=r"os\.system|posix\.system") as refused:
+        _trainer(tmp_path).fit(Regressor(), _loader(), ckpt_path=path)
+    assert "weights_only=False" in str(refused.value)
+    with pytest.raises(UnsafeCheckpointError):
+        Regressor.load_from_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    missing = tmp_path / "nowhere.ckpt"
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.ckpt"):
+        _trainer(tmp_path).fit(Regressor(), _loader(), ckpt_path=missing)
+
+
+def test_a_weights_only_checkpoint_cannot_resume_fit(tmp_path):
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), _loader())
+    trainer.save_checkpoint(tmp_path / "weights.ckpt", weights_only=True)
+    with pytest.raises(KeyError, match="optimizer_states"):
+        _trainer(tmp_path).fit(Regressor(), _loader(), ckpt_path=tmp_path / "weights.ckpt")
+
+
+def test_default_checkpointing_keeps_the_newest_epoch_file_and_best_resumes_from_it(tmp_path):
+    trainer = Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=0, default_root_dir=tmp_path)
+    trainer.fit(Regressor(), _loader(), _loader(False))
+    files = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert files == ["epoch=1-step=20.ckpt"]
+    assert trainer.checkpoint_callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=1-step=20.ckpt")
+    result = trainer.validate(dataloaders=_loader(False), ckpt_path="best", verbose=False)
+    assert trainer.ckpt_path.endswith("epoch=1-step=20.ckpt") and "val_loss" in result[0]
+
+
+def test_validate_test_and_predict_load_weights_from_a_checkpoint(tmp_path):
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trained = Regressor()
+    trainer.fit(trained, _loader())
+    trainer.save_checkpoint(tmp_path / "w.ckpt")
+    fresh = Regressor()
+    before = trainer.validate(fresh, _loader(False), verbose=False)
+    after = trainer.validate(fresh, _loader(False), ckpt_path=tmp_path / "w.ckpt", verbose=False)
+    torch.testing.assert_close(_weights(fresh), _weights(trained), rtol=0, atol=0)
+    assert before != after
+
+
+_KILLED_MID_SAVE = """
+import sys, torch
+from gpulayer.trainer import checkpoint_io
+
+def half_then_block(obj, file):
+    file.write(b"x" * 1_000_000)
+    file.flush()
+    print("half written", flush=True)
+    sys.stdin.read()  # the parent kills this process here
+
+checkpoint_io.torch.save = half_then_block
+checkpoint_io.save_atomic({"state": torch.zeros(3)}, sys.argv[1])
+"""
+
+
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    path = tmp_path / "run.ckpt"
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), _loader())
+    trainer.save_checkpoint(path)
+    before = path.read_bytes()
+    with subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout.readline() == b"half written\n"
+            assert any(name.startswith(".tmp-") for name in os.listdir(tmp_path)), "the save was under way"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+    assert path.read_bytes() == before
+    resumed = _trainer(tmp_path, max_epochs=2)
+    resumed.fit(Regressor(), _loader(), ckpt_path=path)
+    assert resumed.global_step == 20

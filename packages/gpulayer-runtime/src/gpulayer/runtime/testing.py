@@ -162,11 +162,16 @@ def run_command(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it (workers may sit in sessions of their own)."""
-    for victim in [pid, *descendants(pid)]:
+def kill_tree(pid: int, *, within: float = 10.0) -> None:
+    """SIGKILL ``pid`` and every process below it (workers may sit in sessions of their own), and return once
+    they are gone: a signal is delivered asynchronously, and a loaded machine may take a moment to act on it."""
+    victims = [pid, *descendants(pid)]
+    for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + within
+    while any(is_alive(victim) for victim in victims) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def descendants(pid: int) -> list[int]:

@@ -101,7 +101,7 @@ def trainer_runner(name: str) -> Callable[[TensorDataset, int], tuple[float, flo
     if name == "gpulayer":
         from gpulayer.trainer import Module, Trainer
 
-        options = {}
+        options = {"logger": False}  # as Lightning's row: neither trainer writes metrics.csv here
     else:
         from lightning.pytorch import LightningModule as Module
         from lightning.pytorch import Trainer

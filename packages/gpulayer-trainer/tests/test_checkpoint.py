@@ -202,9 +202,9 @@ def test_a_weights_only_checkpoint_cannot_resume_fit(tmp_path):
 def test_default_checkpointing_keeps_the_newest_epoch_file_and_best_resumes_from_it(tmp_path):
     trainer = Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=0, default_root_dir=tmp_path)
     trainer.fit(Regressor(), _loader(), _loader(False))
-    files = sorted(os.listdir(tmp_path / "checkpoints"))
-    assert files == ["epoch=1-step=20.ckpt"]
-    assert trainer.checkpoint_callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=1-step=20.ckpt")
+    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"  # Lightning's place with its CSV logger
+    assert sorted(os.listdir(folder)) == ["epoch=1-step=20.ckpt"]
+    assert trainer.checkpoint_callback.best_model_path == str(folder / "epoch=1-step=20.ckpt")
     result = trainer.validate(dataloaders=_loader(False), ckpt_path="best", verbose=False)
     assert trainer.ckpt_path.endswith("epoch=1-step=20.ckpt") and "val_loss" in result[0]
 
@@ -255,3 +255,24 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_p
     resumed = _trainer(tmp_path, max_epochs=2)
     resumed.fit(Regressor(), _loader(), ckpt_path=path)
     assert resumed.global_step == 20
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A deterministic stream without a length or a state: it can be replayed, not positioned."""
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(40):
+            yield torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+
+
+def test_a_loader_without_length_resumes_by_replaying_with_a_warning(tmp_path):
+    path = tmp_path / "stream.ckpt"
+    seed_everything(1)
+    unbroken = Regressor(dropout=0.0)
+    trainer = _trainer(tmp_path, max_epochs=2, callbacks=[SaveAt(path, 1, 4)])
+    trainer.fit(unbroken, DataLoader(_Stream(), batch_size=4))
+    resumed = Regressor(dropout=0.0)
+    with pytest.warns(UserWarning, match="read again and skipped"):
+        _trainer(tmp_path, max_epochs=2).fit(resumed, DataLoader(_Stream(), batch_size=4), ckpt_path=path)
+    torch.testing.assert_close(_weights(resumed), _weights(unbroken), rtol=0, atol=0)

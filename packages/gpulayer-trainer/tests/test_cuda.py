@@ -69,6 +69,11 @@ def test_benchmark_none_autotunes_only_long_runs(tmp_path):
     assert torch.backends.cudnn.benchmark is False  # 16 planned steps
     seed_everything(0)
     Trainer(
-        accelerator="cuda", max_steps=1000, limit_train_batches=1, enable_checkpointing=False, log_every_n_steps=0
+        accelerator="cuda",
+        max_steps=1000,
+        limit_train_batches=1,
+        enable_checkpointing=False,
+        log_every_n_steps=0,
+        default_root_dir=tmp_path,
     ).fit(Classifier(), _loader())
     assert torch.backends.cudnn.benchmark is True

@@ -153,7 +153,9 @@ def test_an_exception_reaches_on_exception_and_skips_teardown_hooks(tmp_path):
             calls.append(("datamodule", str(exception)))
 
     with pytest.raises(ValueError, match="boom"):
-        Trainer(accelerator="cpu", max_epochs=1, callbacks=[Recorder()]).fit(Failing(), datamodule=Data())
+        Trainer(accelerator="cpu", max_epochs=1, callbacks=[Recorder()], default_root_dir=tmp_path).fit(
+            Failing(), datamodule=Data()
+        )
     assert calls == [("on_exception", "boom"), ("datamodule", "boom")]
 
 

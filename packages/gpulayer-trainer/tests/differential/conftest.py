@@ -196,6 +196,11 @@ class Scenario:
     documented_warning: bool = False  # Lightning documents a warning here: GPUlayer may warn too
     expect_error: bool = False  # an entry point raises: record up to there (and on_exception), stop the stages
     seed: int = SEED
+    # Extra keyword arguments of an entry point, by stage label ("fit", "fit#2", ...): e.g. {"fit": {"ckpt_path": p}}.
+    stage_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Called with the Trainer once every stage has run (e.g. to save a checkpoint); hooks it causes are recorded
+    # under the stage label "after".
+    after: Callable[[Any], Any] | None = None
 
 
 @dataclass
@@ -550,7 +555,7 @@ def run_scenario(framework: Framework, scenario: Scenario, root: Path) -> Result
             label = stage if runs[stage] == 1 else f"{stage}#{runs[stage]}"  # a repeated entry point: "fit#2"
             recorder.stage = label
             try:
-                returned = _run_stage(trainer, module, datamodule, loaders, stage)
+                returned = _run_stage(trainer, module, datamodule, loaders, stage, scenario.stage_arguments.get(label))
             except Exception:
                 if not scenario.expect_error:
                     raise
@@ -563,12 +568,17 @@ def run_scenario(framework: Framework, scenario: Scenario, root: Path) -> Result
             result.callback_metrics[label] = _floats(trainer.callback_metrics)
             result.logged_metrics[label] = _floats(trainer.logged_metrics)
             result.progress_bar_metrics[label] = _floats(trainer.progress_bar_metrics)
+        if scenario.after is not None and not result.raised:
+            recorder.stage = "after"
+            scenario.after(trainer)
         result.weights = {key: value.detach().clone() for key, value in module.state_dict().items()}
     return result
 
 
-def _run_stage(trainer: Any, module: Any, datamodule: Any, loaders: _Loaders, stage: str) -> Any:
-    """Call the Trainer entry point for ``stage`` with the scenario's data source."""
+def _run_stage(
+    trainer: Any, module: Any, datamodule: Any, loaders: _Loaders, stage: str, arguments: dict[str, Any] | None = None
+) -> Any:
+    """Call the Trainer entry point for ``stage`` with the scenario's data source (and ``arguments``)."""
     if datamodule is not None:
         data: dict[str, Any] = {"datamodule": datamodule}
     elif loaders.scenario.data_source == "arguments":
@@ -583,7 +593,7 @@ def _run_stage(trainer: Any, module: Any, datamodule: Any, loaders: _Loaders, st
         }[stage]
     else:
         data = {}
-    return getattr(trainer, stage)(module, **data)
+    return getattr(trainer, stage)(module, **data, **(arguments or {}))
 
 
 # ---- comparison ------------------------------------------------------------------------------------------------
@@ -685,7 +695,7 @@ def gpulayer() -> Framework:
         DataModule=gl.DataModule,
         Callback=gl.Callback,
         seed_everything=gl.seed_everything,
-        trainer_defaults={"enable_checkpointing": False, "accelerator": "cpu", "devices": 1},
+        trainer_defaults={"logger": False, "enable_checkpointing": False, "accelerator": "cpu", "devices": 1},
     )
 
 
@@ -710,6 +720,13 @@ def assert_same() -> Callable[..., None]:
         assert not problems, "GPUlayer differs from Lightning:\n" + "\n".join(problems)
 
     return check
+
+
+@pytest.fixture
+def list_differences() -> Callable[[Result, Result], list[str]]:
+    """``list_differences(expected, actual)``: ``differences`` as a fixture, to gather several comparisons into
+    one failure (test modules cannot import this conftest under ``--import-mode=importlib``)."""
+    return differences
 
 
 @pytest.fixture

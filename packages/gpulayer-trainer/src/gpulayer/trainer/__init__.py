@@ -2,7 +2,8 @@
 
 from importlib.metadata import version
 
-from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.callback import Callback, Checkpoint
+from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
@@ -10,4 +11,13 @@ from gpulayer.trainer.trainer import Trainer
 
 __version__ = version("gpulayer-trainer")
 
-__all__ = ["Callback", "DataModule", "Module", "Trainer", "__version__", "seed_everything"]
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
+    "DataModule",
+    "Module",
+    "Trainer",
+    "__version__",
+    "seed_everything",
+]

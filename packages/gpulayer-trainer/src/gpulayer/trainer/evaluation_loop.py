@@ -28,6 +28,7 @@ class EvaluationLoop:
         self.loaders: list[Any] | None = None
         self.max_batches: list[int | float] = []
         self.last_reload_epoch: int | None = None
+        self.logged_batches: list[int] = []
 
     @property
     def limit(self) -> int | float:
@@ -53,6 +54,7 @@ class EvaluationLoop:
         self.last_reload_epoch = trainer.current_epoch
         self.loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
         self.max_batches = [num_batches(loader, self.limit, self.prefix) for loader in self.loaders]
+        self.logged_batches = [0] * len(self.loaders)  # the step of eval step rows, per loader, across runs
 
     def run(self) -> list[dict[str, torch.Tensor]] | list[Any] | None:
         """Validation and test return one dict of logged epoch metrics per loader; predict its outputs."""
@@ -91,6 +93,8 @@ class EvaluationLoop:
         epoch_end = {} if trainer.sanity_checking else hub.flush()
         for logged in outputs:
             logged.update(epoch_end)
+        if not trainer.sanity_checking:
+            trainer._logger_rows.push({name: value for logged in outputs for name, value in logged.items()} | epoch_end)
         hooks.both(f"on_{self.name}_end")
         hub.reset_results()
         self._restore(modes)
@@ -108,6 +112,10 @@ class EvaluationLoop:
         hooks.both(f"on_{self.name}_batch_end", output, *args)
         if self.results is not None:
             hub.on_batch_end()
+            if not self.trainer.sanity_checking:
+                loader_idx = idx or 0
+                self.trainer._logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx], save=False)
+                self.logged_batches[loader_idx] += 1
         return output
 
     def _loader_end(self, hub: Any) -> dict[str, torch.Tensor]:

@@ -114,9 +114,10 @@ class FitLoop:
     def run(self) -> None:
         trainer = self.trainer
         self.setup_data()
+        if self.resume is None:  # an epoch-end checkpoint's epoch is complete once training (re)starts
+            trainer._epochs_completed = self.epochs_processed
         if self.done() or trainer.args.limit_train_batches == 0:
             return
-        trainer._epochs_completed = self.epochs_processed
         self.val_enabled = trainer._val_loop.is_enabled()
         if self.should_validate_this_epoch():
             trainer._val_loop.setup_data()
@@ -161,7 +162,7 @@ class FitLoop:
 
     def _replayed_iterator(self, consumed: int) -> Any:
         """This epoch's iterator, remade from the RNG states it was made and first read with, past ``consumed``."""
-        if not hasattr(self.loader, "__len__"):
+        if self.max_batches == math.inf:
             warnings.warn(
                 f"resuming in the middle of an epoch of a loader without a length: its first {consumed} batches are "
                 "read again and skipped, which resumes exactly only if it yields the same batches in the same order",
@@ -200,8 +201,23 @@ class FitLoop:
             self.step_schedulers(interval="epoch")
         hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
-        trainer._log_line.after_batch(self, batch)
+        if self.log_step_due():
+            trainer._log_line.print(self, batch)
+            trainer._logger_rows.push(hub.flush())
+        else:
+            trainer._log_line.count(batch)
         return True
+
+    def log_step_due(self) -> bool:
+        """Lightning's cadence for step metrics: stepping batches, every ``log_every_n_steps`` batches that stepped
+        (counted across epochs), the batch that set ``should_stop``, and every step under ``fast_dev_run``."""
+        args = self.trainer.args
+        if self.should_accumulate():
+            return False
+        if args.fast_dev_run:
+            return True
+        every = args.log_every_n_steps
+        return bool(every) and ((self.batches_that_stepped + 1) % every == 0 or self.trainer.should_stop)
 
     def after_batch(self, validate: bool = True) -> None:
         """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
@@ -229,6 +245,8 @@ class FitLoop:
         hub.flush()
         if self.epoch_batches_reached():
             self.step_schedulers(interval="epoch", plateau=True)
+        # Lightning logs the epoch row at the step of the epoch's last step row.
+        trainer._logger_rows.push(hub.flush(), step_offset=-1)
         hub.reset_results()
         trainer._epochs_completed = self.epochs_processed
         self.phase = "idle"
@@ -237,6 +255,7 @@ class FitLoop:
     def state_dict(self) -> dict[str, Any]:
         return {
             "epochs_processed": self.epochs_processed,
+            "epochs_completed": self.trainer._epochs_completed,
             "global_step": self.trainer.global_step,
             "batches_that_stepped": self.batches_that_stepped,
             "total_batches": self.total_batches,
@@ -249,7 +268,9 @@ class FitLoop:
         """Continue where ``state`` was saved: mid-epoch from the next batch, else with the next epoch."""
         self.epochs_processed = state["epochs_processed"]
         self.trainer._global_step = state["global_step"]
-        self.trainer._epochs_completed = self.epochs_processed
+        # Saved in on_train_epoch_end, an epoch is processed but not yet completed: current_epoch catches up when
+        # training starts, after the sanity check (which reports the saved epoch, as in Lightning).
+        self.trainer._epochs_completed = state["epochs_completed"]
         self.batches_that_stepped = state["batches_that_stepped"]
         self.total_batches = state["total_batches"]
         self.data_snapshots = dict(state["data_snapshots"])

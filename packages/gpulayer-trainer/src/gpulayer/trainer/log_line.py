@@ -20,17 +20,16 @@ class LogLine:
         self._batches = 0
         self._start_step = 0
 
-    def after_batch(self, loop: Any, batch: Any) -> None:
-        """Called after ``on_train_batch_end``; prints on Lightning's logging cadence (stepping batches)."""
-        trainer = self.trainer
+    def count(self, batch: Any) -> None:
+        """A batch that prints nothing: only counted, for the samples-per-second figure."""
         self._batches += 1
         if self._since is None:
-            self._since, self._start_step = time.monotonic(), trainer.global_step
-        every = trainer.args.log_every_n_steps
-        if loop.should_accumulate() or not (every or trainer.args.fast_dev_run):
-            return
-        due = trainer.args.fast_dev_run or (loop.batches_that_stepped + 1) % every == 0 or trainer.should_stop
-        if due and trainer.is_global_zero:
+            self._since, self._start_step = time.monotonic(), self.trainer.global_step
+
+    def print(self, loop: Any, batch: Any) -> None:
+        """On a log step (the fit loop decides which): rank 0 prints the line."""
+        self.count(batch)
+        if self.trainer.is_global_zero:
             print(self._line(loop, batch), flush=True)
 
     def _line(self, loop: Any, batch: Any) -> str:

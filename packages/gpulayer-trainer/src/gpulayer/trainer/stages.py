@@ -38,9 +38,11 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
             result = _fit(trainer, module, hooks, checkpoint)
         else:
             loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
+            trainer._logger_rows.hyperparameters()
             with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
                 result = loop.run()
     except BaseException as error:
+        trainer._logger_rows.finalize("failed")
         trainer._hooks.on_exception(error)
         if datamodule is not None:
             datamodule.on_exception(error)
@@ -49,6 +51,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
     _to_cpu(trainer, module)
+    trainer._logger_rows.finalize("success")
     if stage == "fit":
         hooks.both("on_fit_end")
     if datamodule is not None:
@@ -98,6 +101,8 @@ def _set_up(
         datamodule.prepare_data()
     if is_overridden("prepare_data", module, Module):
         hooks.module("prepare_data")
+    if trainer.logger is not None and trainer.is_global_zero:
+        trainer.logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
     if datamodule is not None:
         datamodule.setup(stage)
     hooks.callbacks("setup", stage)
@@ -131,6 +136,7 @@ def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] 
     if trainer._device.type == "cuda" and trainer.args.benchmark is None:
         process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
     hooks.both("on_fit_start")
+    trainer._logger_rows.hyperparameters()
     if checkpoint is not None:
         restore_training_state(trainer, checkpoint)
     if trainer.fit_loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch

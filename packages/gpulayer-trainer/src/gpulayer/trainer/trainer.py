@@ -16,12 +16,14 @@ from gpulayer.trainer.arguments import parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
+from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.log_line import LogLine
+from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
@@ -64,6 +66,7 @@ class Trainer:
         inference_mode: bool = True,
         use_distributed_sampler: bool = True,
         default_root_dir: str | None = None,
+        logger: bool | CSVLogger | None = None,
         prefetch: bool = False,
     ) -> None:
         self.args = parse_arguments(
@@ -98,6 +101,7 @@ class Trainer:
             prefetch=prefetch,
         )
         self._user_callbacks = _callback_list(callbacks)
+        self.logger = _logger(logger, self.args)
         self._placement = Placement.detect(accelerator=self.args.accelerator)
         if self._placement.world_size > 1:
             raise NotImplementedError(
@@ -122,6 +126,7 @@ class Trainer:
         self._precision = Precision(self.args.precision, self._device)
         self._metric_hub = MetricHub()
         self._log_line = LogLine(self)
+        self._logger_rows = LoggerRows(self)
         self._optimization: Any = None
         self._hooks: Any = None
         self._train_source: DataSource | None = None
@@ -366,9 +371,13 @@ class Trainer:
     predicting = property(lambda self: self.state_fn == "predict")
 
     @property
+    def loggers(self) -> list[CSVLogger]:
+        return [self.logger] if self.logger is not None else []
+
+    @property
     def log_dir(self) -> str:
-        """Where this run writes (with no logger yet: ``default_root_dir``, as Lightning with ``logger=False``)."""
-        return self.args.default_root_dir
+        """The logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
+        return self.logger.log_dir if self.logger is not None else self.args.default_root_dir
 
 
 def _with_defaults(callbacks: list[Callback], args: Any) -> list[Callback]:
@@ -384,6 +393,20 @@ def _with_defaults(callbacks: list[Callback], args: Any) -> list[Callback]:
         checkpoints = [DefaultCheckpoint()]
     timer = [Timer(args.max_time)] if args.max_time is not None else []
     return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
+
+
+def _logger(logger: Any, args: Any) -> CSVLogger | None:
+    """``True``/``None``: a ``CSVLogger`` in ``default_root_dir`` (Lightning's default without TensorBoard);
+    ``False``: none. ``fast_dev_run`` writes no files, as Lightning's ``DummyLogger``."""
+    if logger is None or logger is True:
+        chosen = CSVLogger(args.default_root_dir)
+    elif logger is False:
+        chosen = None
+    elif isinstance(logger, CSVLogger):
+        chosen = logger
+    else:
+        raise TypeError(f"logger={logger!r}: accepted values are True, False, None or a gpulayer.trainer.CSVLogger")
+    return None if args.fast_dev_run else chosen
 
 
 def _callback_list(callbacks: Any) -> list[Callback]:

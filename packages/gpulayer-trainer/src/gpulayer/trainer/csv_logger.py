@@ -1,0 +1,120 @@
+"""Lightning's ``CSVLogger`` files: ``<save_dir>/<name>/version_<N>/metrics.csv`` and ``hparams.yaml``, byte for byte."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import warnings
+from typing import Any
+
+from gpulayer.trainer.yaml_dump import yaml_document
+
+# Lightning's log_metrics also saves by itself every 100 steps (its default ``flush_logs_every_n_steps``).
+_FLUSH_EVERY_N_STEPS = 100
+
+
+class CSVLogger:
+    """Buffers metric rows and writes them as Lightning's CSVLogger does; hparams go to YAML as PyYAML dumps them."""
+
+    def __init__(self, save_dir: str, name: str | None = "lightning_logs", version: int | str | None = None) -> None:
+        self.save_dir = os.fspath(save_dir)
+        self.name = name or ""
+        self._version = version
+        self._started = False
+        self._rows: list[dict[str, Any]] = []
+        self._columns: list[str] = []
+        self._hparams: dict[str, Any] = {}
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return os.path.join(self.save_dir, self.name, version)
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """Adds ``params`` to the hparams logged so far and rewrites ``hparams.yaml`` with all of them."""
+        self._start()
+        self._hparams.update(params)
+        _write_atomically(os.path.join(self.log_dir, "hparams.yaml"), yaml_document(self._hparams))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self._start()
+        if step is None:  # Lightning's quirk: the number of rows buffered since the last save
+            step = len(self._rows)
+        self._rows.append({**metrics, "step": step})
+        if (step + 1) % _FLUSH_EVERY_N_STEPS == 0:
+            self.save()
+
+    def save(self) -> None:
+        """Appends the buffered rows; rewrites the whole file (atomically) when there is none yet or a new column."""
+        self._start()
+        if not self._rows:
+            return
+        path = os.path.join(self.log_dir, "metrics.csv")
+        columns = sorted(set(self._columns).union(*self._rows))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=columns)
+        if os.path.isfile(path) and columns == self._columns:
+            writer.writerows(self._rows)
+            with open(path, "a", newline="", encoding="utf-8") as file:
+                file.write(text.getvalue())
+        else:  # a first file, or new columns: as Lightning, the whole file again under the new header
+            writer.writeheader()
+            if os.path.isfile(path):
+                with open(path, newline="", encoding="utf-8") as file:
+                    writer.writerows(csv.DictReader(file))
+            writer.writerows(self._rows)
+            _write_atomically(path, text.getvalue())
+        self._columns, self._rows = columns, []
+
+    def finalize(self, status: str) -> None:
+        if self._started:
+            self.save()
+
+    def _next_version(self) -> int:
+        root = os.path.join(self.save_dir, self.name)
+        if not os.path.isdir(root):
+            return 0
+        # As Lightning: the text between the first and second "_", so "version_3_old" counts as 3.
+        versions = [
+            int(entry.name.split("_")[1])
+            for entry in os.scandir(root)
+            if entry.is_dir() and entry.name.startswith("version_") and entry.name.split("_")[1].isdecimal()
+        ]
+        return max(versions, default=-1) + 1
+
+    def _start(self) -> None:
+        """Creates the log dir on first use; a non-empty one warns and loses its metrics.csv, as in Lightning."""
+        if self._started:
+            return
+        log_dir = self.log_dir
+        if os.path.isdir(log_dir) and os.listdir(log_dir):
+            warnings.warn(
+                f"Experiment logs directory {log_dir} exists and is not empty."
+                " Previous log files in this directory will be deleted when the new ones are saved!",
+                stacklevel=3,
+            )
+            if os.path.isfile(metrics := os.path.join(log_dir, "metrics.csv")):
+                os.remove(metrics)
+        os.makedirs(log_dir, exist_ok=True)
+        self._started = True
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """A crash leaves the old file or the new one, never half of one."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w", newline="", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)

@@ -1,0 +1,66 @@
+"""What the logger receives and when: Lightning's rows (reference §7), pushed only where values are read anyway.
+
+Training step rows at the ``log_every_n_steps`` points (the log line's), evaluation step rows for metrics
+logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch. Rows are
+buffered by the logger and written at log points and epoch ends; no file is touched on other steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class LoggerRows:
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def push(self, metrics: dict[str, Any], step: int | None = None, save: bool = True, step_offset: int = 0) -> None:
+        """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of
+        batches that stepped (plus ``step_offset``)."""
+        trainer = self.trainer
+        logger = trainer.logger
+        if logger is None or not metrics or not trainer.is_global_zero:
+            return
+        scalars = {name: value.item() if isinstance(value, torch.Tensor) else value for name, value in metrics.items()}
+        if step is None:
+            given = scalars.pop("step", None)
+            if given is not None:
+                step = int(given)
+            else:
+                scalars.setdefault("epoch", trainer.current_epoch)
+                step = trainer.fit_loop.batches_that_stepped + step_offset
+        logger.log_metrics(scalars, step=step)
+        if save:
+            logger.save()
+
+    def hyperparameters(self) -> None:
+        """The module's (and DataModule's) ``save_hyperparameters`` values, at the start of every run."""
+        trainer = self.trainer
+        logger = trainer.logger
+        if logger is None or not trainer.is_global_zero:
+            return
+        module, datamodule = trainer.lightning_module, trainer.datamodule
+        logged: dict[str, Any] | None = None
+        if getattr(module, "_log_hyperparams", False):
+            logged = dict(module.hparams_initial)
+        if datamodule is not None and getattr(datamodule, "_log_hyperparams", False):
+            clashes = {
+                k
+                for k in datamodule.hparams_initial
+                if k in (logged or {}) and logged[k] != datamodule.hparams_initial[k]
+            }
+            if clashes:
+                raise ValueError(
+                    f"the module and the DataModule save different values for the hyperparameters {sorted(clashes)}; "
+                    "rename one of them"
+                )
+            logged = {**(logged or {}), **datamodule.hparams_initial}
+        if logged is not None:
+            logger.log_hyperparams(logged)
+        logger.save()
+
+    def finalize(self, status: str) -> None:
+        if self.trainer.logger is not None and self.trainer.is_global_zero:
+            self.trainer.logger.finalize(status)

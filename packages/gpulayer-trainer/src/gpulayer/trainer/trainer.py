@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +18,7 @@ from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
+from gpulayer.trainer.defaults import callback_list, default_callbacks, default_logger
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.log_line import LogLine
@@ -28,7 +27,6 @@ from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
-from gpulayer.trainer.timer import Timer
 
 
 class Trainer:
@@ -100,8 +98,8 @@ class Trainer:
             default_root_dir=default_root_dir,
             prefetch=prefetch,
         )
-        self._user_callbacks = _callback_list(callbacks)
-        self.logger = _logger(logger, self.args)
+        self._user_callbacks = callback_list(callbacks)
+        self.logger = default_logger(logger, self.args)
         self._placement = Placement.detect(accelerator=self.args.accelerator)
         if self._placement.world_size > 1:
             raise NotImplementedError(
@@ -112,7 +110,7 @@ class Trainer:
             torch.device("cuda", self.args.device_index) if self.args.accelerator == "cuda" else torch.device("cpu")
         )
         process_settings.apply(self.args)
-        self.callbacks: list[Callback] = _with_defaults(self._user_callbacks, self.args)
+        self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
         self.sanity_checking = False
         self.state_fn: str | None = None
@@ -378,45 +376,6 @@ class Trainer:
     def log_dir(self) -> str:
         """The logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
         return self.logger.log_dir if self.logger is not None else self.args.default_root_dir
-
-
-def _with_defaults(callbacks: list[Callback], args: Any) -> list[Callback]:
-    """User callbacks, then the ``max_time`` Timer, then every checkpoint callback last (Lightning's order);
-    the default checkpoint when checkpointing is on and none is given."""
-    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
-    if checkpoints and not args.enable_checkpointing:
-        raise ValueError(
-            "enable_checkpointing=False but callbacks holds a checkpoint callback "
-            f"({type(checkpoints[0]).__name__}); remove one of them"
-        )
-    if args.enable_checkpointing and not checkpoints:
-        checkpoints = [DefaultCheckpoint()]
-    timer = [Timer(args.max_time)] if args.max_time is not None else []
-    return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
-
-
-def _logger(logger: Any, args: Any) -> CSVLogger | None:
-    """``True``/``None``: a ``CSVLogger`` in ``default_root_dir`` (Lightning's default without TensorBoard);
-    ``False``: none. ``fast_dev_run`` writes no files, as Lightning's ``DummyLogger``."""
-    if logger is None or logger is True:
-        chosen = CSVLogger(args.default_root_dir)
-    elif logger is False:
-        chosen = None
-    elif isinstance(logger, CSVLogger):
-        chosen = logger
-    else:
-        raise TypeError(f"logger={logger!r}: accepted values are True, False, None or a gpulayer.trainer.CSVLogger")
-    return None if args.fast_dev_run else chosen
-
-
-def _callback_list(callbacks: Any) -> list[Callback]:
-    if callbacks is None:
-        return []
-    many = [callbacks] if isinstance(callbacks, Callback) else callbacks
-    many = list(many) if isinstance(many, Iterable) else None
-    if many is None or not all(isinstance(c, Callback) for c in many):
-        raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
-    return many
 
 
 def _check_module(model: Any, stage: str) -> Module:

@@ -43,7 +43,7 @@ class AutomaticOptimization:
             with trainer._precision.step_context():
                 output = hooks.module("training_step", *step_args)
             loss, extra = self._split(output)
-            self.last_loss = loss
+            self.last_loss = loss.detach() if loss is not None else None  # not the graph: it is freed at backward
             if loss is not None and args.accumulate_grad_batches > 1:
                 loss = loss / args.accumulate_grad_batches  # x / 1 == x: no division op when not accumulating
             if batch_idx % args.accumulate_grad_batches == 0:

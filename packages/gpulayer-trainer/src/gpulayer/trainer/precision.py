@@ -61,6 +61,10 @@ class Precision:
         else:
             self.step_context = contextlib.nullcontext
 
+    @property
+    def converts_input(self) -> bool:
+        return self._dtype is not None
+
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.to(dtype=self._dtype) if self._dtype is not None else module
 

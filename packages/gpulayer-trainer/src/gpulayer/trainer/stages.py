@@ -29,6 +29,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
     if datamodule is not None:
         datamodule.trainer = trainer
     trainer._hooks = Hooks(trainer, module, trainer.callbacks)
+    trainer._batch_moves = None
     try:
         trainer.callbacks = _with_module_callbacks(trainer.callbacks, trainer._hooks.module("configure_callbacks"))
         trainer._hooks = hooks = Hooks(trainer, module, trainer.callbacks)

@@ -128,6 +128,7 @@ class Trainer:
         self._optimization: Any = None
         self._hooks: Any = None
         self._train_source: DataSource | None = None
+        self._batch_moves: bool | None = None  # decided at the first batch of each run (see _transfer)
         self._checkpoint_request: tuple[str | None, bool | None, bool] = (None, None, True)
         self.ckpt_path: str | None = None
         self.fit_loop = FitLoop(self)
@@ -262,16 +263,26 @@ class Trainer:
     # ---- per-batch plumbing ------------------------------------------------------------------------------------------
     def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's batch path: precision conversion, then the three transfer hooks (a DataModule's win)."""
+        if self._batch_moves is None:
+            self._batch_moves = self._batch_path_does_something()
+        if not self._batch_moves:
+            return batch
         batch = self._precision.convert_input(batch)
-        owner = self.datamodule if self.datamodule is not None else None
+        owner = self.datamodule
         batch = self._transfer_hook("on_before_batch_transfer", owner, batch, dataloader_idx)
-        if (
-            self._device.type != "cpu"
-            or _overrides(self.lightning_module, "transfer_batch_to_device")
-            or (owner is not None and hasattr(type(owner), "transfer_batch_to_device"))
-        ):  # the default moves tensors with .to(device): nothing to do on the CPU
-            batch = self._transfer_hook("transfer_batch_to_device", owner, batch, self._device, dataloader_idx)
+        batch = self._transfer_hook("transfer_batch_to_device", owner, batch, self._device, dataloader_idx)
         return self._transfer_hook("on_after_batch_transfer", owner, batch, dataloader_idx)
+
+    def _batch_path_does_something(self) -> bool:
+        """False on the CPU at full precision with no transfer hook overridden: every step then hands the batch
+        through unchanged, so the path is skipped (decided once per run)."""
+        hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+        return (
+            self._device.type != "cpu"
+            or self._precision.converts_input
+            or any(_overrides(self.lightning_module, hook) for hook in hooks)
+            or (self.datamodule is not None and any(hasattr(type(self.datamodule), hook) for hook in hooks))
+        )
 
     def _transfer_hook(self, name: str, datamodule: DataModule | None, *args: Any) -> Any:
         if datamodule is not None and hasattr(type(datamodule), name):

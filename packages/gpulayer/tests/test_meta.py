@@ -20,3 +20,9 @@ def test_installing_it_gives_the_trainer():
     import gpulayer.trainer
 
     assert gpulayer.trainer.__version__ == version("gpulayer")
+
+
+def test_installing_it_gives_the_callbacks():
+    import gpulayer.callbacks
+
+    assert gpulayer.callbacks.__version__ == version("gpulayer")

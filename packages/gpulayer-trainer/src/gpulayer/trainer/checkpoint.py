@@ -32,7 +32,7 @@ def dump_checkpoint(trainer: Any, weights_only: bool = False) -> dict[str, Any]:
         "loops": {"fit_loop": trainer.fit_loop.state_dict()},
     }
     if not weights_only:
-        checkpoint["callbacks"] = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
+        checkpoint["callbacks"] = _callback_states(trainer.callbacks)
         checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         scaler = trainer._precision.scaler
@@ -52,6 +52,20 @@ def dump_checkpoint(trainer: Any, weights_only: bool = False) -> dict[str, Any]:
             callback.on_save_checkpoint(trainer, module, checkpoint)
     trainer._hooks.module("on_save_checkpoint", checkpoint)
     return checkpoint
+
+
+def _callback_states(callbacks: list[Any]) -> dict[str, Any]:
+    """``{state_key: state_dict()}`` of the callbacks with state; two with one key would lose one (Lightning's error)."""
+    states: dict[str, Any] = {}
+    for callback in callbacks:
+        if state := callback.state_dict():
+            if callback.state_key in states:
+                raise RuntimeError(
+                    f"two callbacks have the state key {callback.state_key!r}; give one of them different arguments "
+                    "or a state_key of its own, or their checkpoint states would overwrite each other"
+                )
+            states[callback.state_key] = state
+    return states
 
 
 def restore_modules_and_callbacks(trainer: Any, checkpoint: dict[str, Any]) -> None:

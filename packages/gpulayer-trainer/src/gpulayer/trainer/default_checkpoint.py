@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from gpulayer.trainer.callback import Checkpoint
 
 
@@ -44,9 +46,9 @@ class DefaultCheckpoint(Checkpoint):
             "best_model_path": self.best_model_path,
             "current_score": None,
             "dirpath": self.dirpath,
-            "best_k_models": {self.best_model_path: None} if self.best_model_path else {},
-            "kth_best_model_path": self.best_model_path,
-            "kth_value": None,
+            "best_k_models": {},  # ModelCheckpoint keeps no top-k bookkeeping without a monitor
+            "kth_best_model_path": "",
+            "kth_value": torch.tensor(float("inf")),
             "last_model_path": self.last_model_path,
         }
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.runtime import Placement
+from gpulayer.runtime import Placement, Runtime
 from gpulayer.trainer import process_settings
 from gpulayer.trainer.arguments import parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
@@ -106,6 +106,8 @@ class Trainer:
                 f"this process is rank {self._placement.global_rank} of {self._placement.world_size}: the Trainer "
                 "runs one process today; multi-process training through the Trainer lands with DDP support"
             )
+        # Decisions that end or skip work go through runtime.any (callbacks' stop decisions, for example).
+        self.runtime = Runtime(self._placement)
         self._device = (
             torch.device("cuda", self.args.device_index) if self.args.accelerator == "cuda" else torch.device("cpu")
         )

@@ -276,3 +276,44 @@ def test_a_loader_without_length_resumes_by_replaying_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="read again and skipped"):
         _trainer(tmp_path, max_epochs=2).fit(resumed, DataLoader(_Stream(), batch_size=4), ckpt_path=path)
     torch.testing.assert_close(_weights(resumed), _weights(unbroken), rtol=0, atol=0)
+
+
+def test_default_checkpointing_into_a_used_folder_counts_versions_and_keeps_the_resumed_file(tmp_path):
+    """Lightning's default ModelCheckpoint: a second run into the same folder warns and writes ``-v1`` names; a run
+    resumed from a file in that folder never deletes it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import lightning.pytorch as pl
+
+        class LightningRegressor(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(4, 1)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        options = dict(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False)
+        for _ in range(2):
+            pl.Trainer(default_root_dir=tmp_path / "lightning", enable_model_summary=False, **options).fit(
+                LightningRegressor(), _loader()
+            )
+        first = tmp_path / "lightning" / "checkpoints" / "epoch=0-step=10.ckpt"
+        pl.Trainer(
+            default_root_dir=tmp_path / "lightning", enable_model_summary=False, **(options | {"max_epochs": 2})
+        ).fit(LightningRegressor(), _loader(), ckpt_path=first)
+    ours = dict(accelerator="cpu", max_epochs=1, logger=False, log_every_n_steps=0, default_root_dir=tmp_path / "ours")
+    Trainer(**ours).fit(Regressor(), _loader())
+    with pytest.warns(UserWarning, match="exists and is not empty"):
+        Trainer(**ours).fit(Regressor(), _loader())
+    with pytest.warns(UserWarning, match="exists and is not empty"):
+        Trainer(**(ours | {"max_epochs": 2})).fit(
+            Regressor(), _loader(), ckpt_path=tmp_path / "ours" / "checkpoints" / "epoch=0-step=10.ckpt"
+        )
+    assert sorted(os.listdir(tmp_path / "ours" / "checkpoints")) == sorted(
+        os.listdir(tmp_path / "lightning" / "checkpoints")
+    )

@@ -261,8 +261,12 @@ def test_resume_from_last(run, tmp_path, assert_same_runs):
         # folder, and "last" finds nothing in the new one.
         trainer = dict(max_epochs=1, enable_checkpointing=True, default_root_dir=root, logger=False)
         saved = run(framework, trainer=trainer, callback={"on_train_epoch_end": save_last})
-        resumed = run(
-            framework, trainer=dict(trainer, max_epochs=2), stage_arguments={"fit": {"ckpt_path": "last"}}, seed=7
+        resumed = run(  # the default ModelCheckpoint warns that its folder is not empty, as Lightning's does
+            framework,
+            trainer=dict(trainer, max_epochs=2),
+            stage_arguments={"fit": {"ckpt_path": "last"}},
+            seed=7,
+            documented_warning=True,
         )
         runs[framework] = SimpleNamespace(saved=saved, resumed=resumed)
         files[framework] = sorted(path.name for path in (root / "checkpoints").iterdir())
@@ -281,6 +285,7 @@ def test_resume_from_best_on_the_same_trainer(run, assert_same_runs):
         trainer=dict(max_epochs=2, enable_checkpointing=True),
         stages=("fit", "fit"),
         stage_arguments={"fit#2": {"ckpt_path": "best"}},
+        documented_warning=True,  # the second fit finds the default checkpoint's folder not empty, as Lightning warns
     )
     runs = {framework: SimpleNamespace(same_trainer=run(framework, **scenario)) for framework in FRAMEWORKS}
     assert runs["lightning"].same_trainer.counters["fit#2"] == (6, 2)

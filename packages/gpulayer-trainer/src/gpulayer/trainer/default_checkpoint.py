@@ -8,6 +8,7 @@ default checkpointing works whether or not ``gpulayer-callbacks`` is installed.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ class DefaultCheckpoint(Checkpoint):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.log_dir, "checkpoints")
+        if trainer.is_global_zero and stage == "fit" and os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
+            warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", UserWarning, stacklevel=2)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self._saves_on_train_epoch_end(trainer):
@@ -73,10 +76,28 @@ class DefaultCheckpoint(Checkpoint):
             or self._last_global_step_saved == trainer.global_step
         ):
             return
-        path = os.path.join(self.dirpath, f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
         previous = self.best_model_path
+        path = self._free_name(f"epoch={trainer.current_epoch}-step={trainer.global_step}", previous)
         trainer.save_checkpoint(path)
         self._last_global_step_saved = trainer.global_step
         self.best_model_path = path
-        if previous and previous != path and trainer.is_global_zero and os.path.exists(previous):
+        if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
             os.remove(previous)
+
+    def _free_name(self, stem: str, replaced: str) -> str:
+        """Lightning's version counter: ``-v1``, ``-v2`` while the name is taken by a file this run keeps."""
+        path = os.path.join(self.dirpath, f"{stem}.ckpt")
+        version = 1
+        while os.path.exists(path) and path != replaced:
+            path = os.path.join(self.dirpath, f"{stem}-v{version}.ckpt")
+            version += 1
+        return path
+
+    def _may_remove(self, trainer: Any, previous: str, current: str) -> bool:
+        """Never the file just written, the one this run resumed from, or one outside ``dirpath`` (Lightning's rule)."""
+        if previous == current or not os.path.exists(previous):
+            return False
+        previous = os.path.abspath(previous)
+        if trainer.ckpt_path is not None and previous == os.path.abspath(trainer.ckpt_path):
+            return False
+        return os.path.commonpath([previous, os.path.abspath(self.dirpath)]) == os.path.abspath(self.dirpath)

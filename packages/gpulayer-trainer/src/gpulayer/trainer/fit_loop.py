@@ -202,10 +202,10 @@ class FitLoop:
         hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
         if self.log_step_due():
-            trainer._log_line.print(self, batch)
+            trainer._log_line.print(batch)
             trainer._logger_rows.push(hub.flush())
         else:
-            trainer._log_line.count(batch)
+            trainer._log_line.count()
         return True
 
     def log_step_due(self) -> bool:

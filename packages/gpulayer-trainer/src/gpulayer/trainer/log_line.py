@@ -20,19 +20,19 @@ class LogLine:
         self._batches = 0
         self._start_step = 0
 
-    def count(self, batch: Any) -> None:
+    def count(self) -> None:
         """A batch that prints nothing: only counted, for the samples-per-second figure."""
         self._batches += 1
         if self._since is None:
             self._since, self._start_step = time.monotonic(), self.trainer.global_step
 
-    def print(self, loop: Any, batch: Any) -> None:
+    def print(self, batch: Any) -> None:
         """On a log step (the fit loop decides which): rank 0 prints the line."""
-        self.count(batch)
+        self.count()
         if self.trainer.is_global_zero:
-            print(self._line(loop, batch), flush=True)
+            print(self._line(batch), flush=True)
 
-    def _line(self, loop: Any, batch: Any) -> str:
+    def _line(self, batch: Any) -> str:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
         samples = self._batches * _safe_batch_size(batch) / elapsed

@@ -21,12 +21,15 @@ from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.defaults import callback_list, default_callbacks, default_logger
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
+from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.log_line import LogLine
 from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
+
+_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
 class Trainer:
@@ -278,12 +281,14 @@ class Trainer:
     def _batch_path_does_something(self) -> bool:
         """False on the CPU at full precision with no transfer hook overridden: every step then hands the batch
         through unchanged, so the path is skipped (decided once per run)."""
-        hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-        return (
-            self._device.type != "cpu"
-            or self._precision.converts_input
-            or any(_overrides(self.lightning_module, hook) for hook in hooks)
-            or (self.datamodule is not None and any(hasattr(type(self.datamodule), hook) for hook in hooks))
+        return self._device.type != "cpu" or self._precision.converts_input or self._transfer_hooks_overridden()
+
+    def _transfer_hooks_overridden(self) -> bool:
+        """Whether the module or the DataModule defines any of the three batch-transfer hooks."""
+        return any(
+            is_overridden(hook, self.lightning_module, Module)
+            or (self.datamodule is not None and hasattr(type(self.datamodule), hook))
+            for hook in _TRANSFER_HOOKS
         )
 
     def _transfer_hook(self, name: str, datamodule: DataModule | None, *args: Any) -> Any:
@@ -296,12 +301,8 @@ class Trainer:
             return iterator
         from gpulayer.trainer.prefetch import prefetch
 
-        module = self.lightning_module
-        hooks_free = not any(
-            _overrides(module, h)
-            for h in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-        )
-        return prefetch(iterator, self._device if self._device.type == "cuda" and hooks_free else None)
+        moves_on_side_stream = self._device.type == "cuda" and not self._transfer_hooks_overridden()
+        return prefetch(iterator, self._device if moves_on_side_stream else None)
 
     # ---- state -------------------------------------------------------------------------------------------------------
     @property
@@ -395,10 +396,6 @@ def _check_module(model: Any, stage: str) -> Module:
     if not isinstance(model, Module):
         raise TypeError(f"{stage}: model must be a gpulayer.trainer.Module, got {type(model).__name__}")
     return model
-
-
-def _overrides(module: Module, name: str) -> bool:
-    return getattr(type(module), name, None) is not getattr(Module, name, None)
 
 
 def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:

@@ -27,7 +27,6 @@ class EvaluationLoop:
         self.source: DataSource | None = None
         self.loaders: list[Any] | None = None
         self.max_batches: list[int | float] = []
-        self.last_reload_epoch: int | None = None
         self.logged_batches: list[int] = []
 
     @property
@@ -51,7 +50,6 @@ class EvaluationLoop:
         if self.loaders is not None or not self.is_enabled():
             return
         trainer = self.trainer
-        self.last_reload_epoch = trainer.current_epoch
         self.loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
         self.max_batches = [num_batches(loader, self.limit, self.prefix) for loader in self.loaders]
         self.logged_batches = [0] * len(self.loaders)  # the step of eval step rows, per loader, across runs

@@ -376,29 +376,6 @@ def test_no_check_outside_fit(tmp_path, stage):
     assert results[1][:2] == (False, "NOT_STOPPED")
 
 
-class _OtherRankStops:
-    """A runtime whose other rank always decides to stop: ``any`` is True whatever this rank says."""
-
-    def __init__(self):
-        self.flags = []
-
-    def any(self, flag):
-        self.flags.append(flag)
-        return True
-
-
-def test_a_stop_decided_on_another_rank_stops_this_one(tmp_path):
-    stopper = EarlyStopping(monitor="val_loss", patience=3)
-    trainer = gl.Trainer(accelerator="cpu", max_epochs=5, logger=False, default_root_dir=tmp_path, callbacks=stopper)
-    trainer.runtime = runtime = _OtherRankStops()
-    trainer.fit(_scripted_module(FRAMEWORKS["gpulayer"], [1, 0.9]), _loader(8), _loader(2))
-    assert runtime.flags == [False]  # one collective per check, with this rank's own decision
-    assert (trainer.current_epoch, trainer.should_stop, stopper.stopped_epoch) == (1, True, 0)
-    # This rank improved: its best score moves, and it records no reason of its own for the stop.
-    assert (float(stopper.best_score), stopper.wait_count) == (1.0, 0)
-    assert (stopper.stopping_reason, stopper.stopping_reason_message) == (EarlyStoppingReason.NOT_STOPPED, None)
-
-
 @pytest.mark.parametrize(("rank", "world_size"), [(0, 1), (0, 2), (1, 2)])
 @pytest.mark.parametrize("log_rank_zero_only", [False, True])
 def test_verbose_messages_carry_the_rank_prefix_of_lightning(rank, world_size, log_rank_zero_only):

@@ -5,14 +5,17 @@ from datetime import timedelta
 
 import pytest
 
-from gpulayer.trainer import Callback, Trainer
+from gpulayer.trainer import Callback, DDPStrategy, Trainer
 
 BAD = [
     ({"accelerator": "tpu"}, ValueError, "accelerator='tpu'"),
     ({"strategy": "deepspeed"}, ValueError, "strategy='deepspeed'"),
     ({"devices": 0}, ValueError, "devices=0"),
     ({"devices": [0, 1]}, TypeError, "devices=[0, 1]"),
-    ({"devices": 2}, NotImplementedError, "devices=2"),
+    ({"devices": 2, "strategy": "single_device"}, ValueError, "strategy='single_device'"),
+    ({"strategy": "ddp_spawn"}, ValueError, "strategy='ddp_spawn'"),
+    ({"strategy": "fsdp"}, NotImplementedError, "gpulayer-fsdp"),
+    ({"strategy": 3}, ValueError, "strategy=3"),
     ({"num_nodes": 0}, ValueError, "num_nodes=0"),
     ({"precision": "fp16"}, ValueError, "precision='fp16'"),
     ({"precision": "32-true "}, ValueError, "precision='32-true '"),
@@ -62,6 +65,34 @@ def test_a_bad_argument_is_refused_at_construction_before_any_file_is_made(tmp_p
         )
     assert named in str(raised.value)
     assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"timeout": -1}, ValueError, "DDPStrategy(timeout=-1)"),
+        ({"timeout": "5"}, ValueError, "DDPStrategy(timeout='5')"),
+        ({"static_graph": "yes"}, TypeError, "DDPStrategy(static_graph='yes')"),
+        ({"device_ids": [0]}, ValueError, "DDPStrategy(device_ids=...)"),
+    ],
+)
+def test_ddp_strategy_refuses_bad_options(kwargs, error, named):
+    with pytest.raises(error) as raised:
+        DDPStrategy(**kwargs)
+    assert named in str(raised.value)
+
+
+def test_devices_above_one_inside_pytest_is_refused_instead_of_starting_pytest_again(tmp_path):
+    with pytest.raises(RuntimeError, match="devices=2 inside a pytest test"):
+        Trainer(accelerator="cpu", devices=2, default_root_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_strategy_auto_is_one_device_in_one_process_and_ddp_keeps_its_options():
+    assert Trainer(accelerator="cpu", logger=False).strategy_name == "single_device"
+    trainer = Trainer(accelerator="cpu", logger=False, strategy=DDPStrategy(static_graph=True, timeout=5))
+    assert (trainer.strategy_name, trainer.world_size, trainer.num_devices) == ("ddp", 1, 1)
+    assert trainer.runtime.timeout.total_seconds() == 5
 
 
 def test_the_error_lists_the_accepted_values():

@@ -223,3 +223,14 @@ def test_predict_returns_cpu_outputs_per_batch_and_lists_per_loader(tmp_path):
     two = trainer.predict(Doubler(), [DataLoader(_Indexed(), batch_size=4), DataLoader(_Indexed(), batch_size=6)])
     assert [len(p) for p in two] == [2, 1]
     assert trainer.predict(Doubler(), DataLoader(_Indexed()), return_predictions=False) is None
+
+
+def test_a_sync_dist_group_is_refused_naming_the_metric(tmp_path):
+    class GroupLogging(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("grouped", loss, sync_dist=True, sync_dist_group="group")
+            return loss
+
+    with pytest.raises(ValueError, match=r"self.log\('grouped', ..., sync_dist_group='group'\)"):
+        _fit(tmp_path, GroupLogging(), DataLoader(_data(), batch_size=8), max_epochs=1)

@@ -147,9 +147,14 @@ class ModelCheckpoint(Checkpoint):
         skip_batch = self._every_n_train_steps < 1 or trainer.global_step % self._every_n_train_steps != 0
         skip_time = True
         now = time.monotonic()
-        if self._train_time_interval is not None:  # rank 0's clock decides, so that all ranks save at one step
+        if self._train_time_interval is not None:
             interval, last = self._train_time_interval.total_seconds(), self._last_time_checked
-            skip_time = trainer.runtime.broadcast(last is None or now - last < interval)
+            skip_time = last is None or now - last < interval
+            if trainer.world_size > 1:
+                # Rank 0's clock decides, so all ranks save at one step; asked only at the loop's sync points (every
+                # log_every_n_steps steps and epoch ends), never with a collective on every batch.
+                at_sync_point = trainer.fit_loop.at_sync_point
+                skip_time = trainer.runtime.broadcast(skip_time) if at_sync_point else True
         if skip_batch and skip_time:
             return
         if not skip_time:

@@ -7,6 +7,7 @@ from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
+from gpulayer.trainer.strategy import DDPStrategy
 from gpulayer.trainer.trainer import Trainer
 
 __version__ = version("gpulayer-trainer")
@@ -15,6 +16,7 @@ __all__ = [
     "CSVLogger",
     "Callback",
     "Checkpoint",
+    "DDPStrategy",
     "DataModule",
     "Module",
     "Trainer",

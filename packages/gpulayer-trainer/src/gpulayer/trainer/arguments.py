@@ -15,9 +15,9 @@ from datetime import timedelta
 from typing import Any
 
 from gpulayer.trainer.precision import resolve_precision
+from gpulayer.trainer.strategy import check_strategy
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
-STRATEGIES = ("auto", "single_device", "ddp", "fsdp")
 CLIP_ALGORITHMS = ("norm", "value")
 _MAX_TIME = re.compile(r"^(\d+):(\d{2}):(\d{2}):(\d{2})$")
 
@@ -27,8 +27,8 @@ class TrainerArguments:
     """The resolved arguments: what the loop reads, never re-parsed."""
 
     accelerator: str
-    device_index: int
-    strategy: str
+    device_indices: tuple[int, ...] | None  # None: "auto", decided with the placement (see world.py)
+    strategy: Any  # a name or a DDPStrategy, resolved with the world size (see world.py)
     num_nodes: int
     precision: str
     max_epochs: int | None
@@ -90,14 +90,9 @@ def parse_arguments(
     prefetch: Any,
 ) -> TrainerArguments:
     accelerator = _accelerator(accelerator)
-    device_index = _devices(devices, accelerator)
+    device_indices = _devices(devices, accelerator)
     num_nodes = _int_at_least("num_nodes", num_nodes, 1)
-    strategy = _choice("strategy", strategy.lower() if isinstance(strategy, str) else strategy, STRATEGIES)
-    if num_nodes > 1:
-        raise NotImplementedError(
-            f"num_nodes={num_nodes}: the Trainer runs one process today; multi-process training through the "
-            "Trainer lands with DDP support. Use gpulayer.runtime.launch() for your own multi-process script."
-        )
+    check_strategy(strategy)  # the world size decides what "auto" means (see world.py)
     fast_dev_run = _fast_dev_run(fast_dev_run)
     limits = {
         name: _limit(name, value)
@@ -122,7 +117,7 @@ def parse_arguments(
     clip_val = _gradient_clip_val(gradient_clip_val)
     return TrainerArguments(
         accelerator=accelerator,
-        device_index=device_index,
+        device_indices=device_indices,
         strategy=strategy,
         num_nodes=num_nodes,
         precision=resolve_precision(precision, accelerator),
@@ -163,8 +158,8 @@ def _accelerator(value: Any) -> str:
     return "cuda" if name == "gpu" else name
 
 
-def _devices(value: Any, accelerator: str) -> int:
-    """The one device this process trains on (its index); more than one process is refused for now.
+def _devices(value: Any, accelerator: str) -> tuple[int, ...] | None:
+    """The device indices of this node's processes, one process each; ``None`` for ``"auto"``.
 
     Lightning's forms: on CPU a positive int or numeric string; on CUDA also -1 (all), a list of indices, "0,2".
     """
@@ -173,7 +168,7 @@ def _devices(value: Any, accelerator: str) -> int:
         "; on CUDA also -1 (all GPUs), a list of GPU indices, or '0,2'" if gpu else ""
     )
     if value == "auto":
-        return 0
+        return None
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or (gpu and value == -1)):
@@ -186,12 +181,9 @@ def _devices(value: Any, accelerator: str) -> int:
         indices = [int(part) for part in value.split(",") if part.strip()]
     else:
         raise TypeError(f"devices={value!r}: accepted values are {accepted}")
-    if len(indices) != 1:
-        raise NotImplementedError(
-            f"devices={value!r}: the Trainer runs one process today; multi-process training through the Trainer "
-            "lands with DDP support. Use gpulayer.runtime.launch() for your own multi-process script."
-        )
-    return indices[0]
+    if gpu and (len(set(indices)) != len(indices) or not all(0 <= i < torch_gpu_count() for i in indices)):
+        raise ValueError(f"devices={value!r}: GPU indices must be distinct and below {torch_gpu_count()}")
+    return tuple(indices)
 
 
 def torch_gpu_count() -> int:

@@ -32,6 +32,12 @@ class CSVLogger:
             self._version = self._next_version()
         return self._version
 
+    def settle_version(self, runtime: Any) -> None:
+        """On several ranks, every rank takes rank 0's version (each would otherwise pick the next free folder
+        itself, at a different moment)."""
+        if runtime.world_size > 1:
+            self._version = runtime.broadcast(self.version if runtime.is_global_zero else None)
+
     @property
     def log_dir(self) -> str:
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"

@@ -8,6 +8,7 @@ iterator draws from the global RNG: matching the moments keeps runs bit-for-bit 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,14 @@ def as_loader_list(loaders: Any, stage: str) -> list[Any]:
     if isinstance(loaders, dict):
         raise NotImplementedError(f"a dict of {stage} loaders is not supported; pass one loader or a list")
     return list(many)
+
+
+def has_length(loader: Any) -> bool:
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True
 
 
 def num_batches(loader: Any, limit: int | float, stage: str) -> int | float:
@@ -141,3 +150,37 @@ def batches(iterator: Iterator[Any], count: int | float, start: int = 0) -> Iter
             return
         yield batch_idx, batch, False
         batch_idx += 1
+
+
+def agreed_batches(runtime: Any, counts: list[int | float], stage: str) -> list[int | float]:
+    """The batch counts every rank runs: the smallest rank's, per loader (one collective, at setup).
+
+    Ranks that run different numbers of batches would wait for each other forever, so uneven data is cut to the
+    shortest rank's, with a warning naming every rank's counts.
+    """
+    if runtime.world_size == 1:
+        return counts
+    every_rank = runtime.all_gather(list(counts))
+    agreed = [min(per_loader) for per_loader in zip(*every_rank, strict=True)]
+    if any(rank_counts != agreed for rank_counts in every_rank):
+        warnings.warn(
+            f"the ranks have different numbers of {stage} batches ({every_rank}, by rank); every rank runs "
+            f"{agreed}, so the others' extra batches are not used",
+            UserWarning,
+            stacklevel=3,
+        )
+    return agreed
+
+
+def stop_together(iterator: Iterator[Any], runtime: Any) -> Iterator[Any]:
+    """A loader without a length, read on several ranks: each batch is taken only if every rank has one (one small
+    collective per batch, the price of never hanging on uneven streams; give the loader a length to avoid it).
+    Used even under an int ``limit_*_batches``: a stream may end before the limit on one rank only."""
+    while True:
+        try:
+            batch, has_batch = next(iterator), True
+        except StopIteration:
+            batch, has_batch = None, False
+        if not runtime.all(has_batch):
+            return
+        yield batch

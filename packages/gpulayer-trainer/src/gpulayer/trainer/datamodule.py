@@ -11,8 +11,6 @@ from gpulayer.trainer.model_hooks import DataHooks
 class DataModule(DataHooks, HyperparametersMixin):
     """Override ``setup`` and the ``*_dataloader`` methods you need; ``prepare_data`` runs once, before ``setup``."""
 
-    prepare_data_per_node: bool = True
-
     def __init__(self) -> None:
         super().__init__()
         self.trainer: Any = None

@@ -30,7 +30,7 @@ class DefaultCheckpoint(Checkpoint):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = os.path.join(trainer.log_dir, "checkpoints")
+            self.dirpath = trainer.runtime.broadcast(os.path.join(trainer.log_dir, "checkpoints"))
         if trainer.is_global_zero and stage == "fit" and os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
             warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", UserWarning, stacklevel=2)
 
@@ -77,18 +77,19 @@ class DefaultCheckpoint(Checkpoint):
         ):
             return
         previous = self.best_model_path
-        path = self._free_name(f"epoch={trainer.current_epoch}-step={trainer.global_step}", previous)
+        path = self._free_name(trainer, f"epoch={trainer.current_epoch}-step={trainer.global_step}", previous)
         trainer.save_checkpoint(path)
         self._last_global_step_saved = trainer.global_step
         self.best_model_path = path
         if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
             os.remove(previous)
 
-    def _free_name(self, stem: str, replaced: str) -> str:
-        """Lightning's version counter: ``-v1``, ``-v2`` while the name is taken by a file this run keeps."""
+    def _free_name(self, trainer: Any, stem: str, replaced: str) -> str:
+        """Lightning's version counter: ``-v1``, ``-v2`` while the name is taken by a file this run keeps. Rank 0's
+        view of the folder decides, so every rank names the file rank 0 writes."""
         path = os.path.join(self.dirpath, f"{stem}.ckpt")
         version = 1
-        while os.path.exists(path) and path != replaced:
+        while trainer.runtime.any(trainer.is_global_zero and os.path.exists(path)) and path != replaced:
             path = os.path.join(self.dirpath, f"{stem}-v{version}.ckpt")
             version += 1
         return path

@@ -9,10 +9,19 @@ from typing import Any
 import torch
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.data import DataSource, as_loader_list, batches, num_batches
+from gpulayer.trainer.data import (
+    DataSource,
+    agreed_batches,
+    as_loader_list,
+    batches,
+    has_length,
+    num_batches,
+    stop_together,
+)
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.results import ResultCollection
+from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
 
 _NAMES = {"validate": "validation", "test": "test", "predict": "predict"}
 
@@ -50,8 +59,17 @@ class EvaluationLoop:
         if self.loaders is not None or not self.is_enabled():
             return
         trainer = self.trainer
-        self.loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
-        self.max_batches = [num_batches(loader, self.limit, self.prefix) for loader in self.loaders]
+        loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
+        if trainer.args.use_distributed_sampler:
+            loaders = [
+                with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank)
+                for loader in loaders
+            ]
+        self.loaders = loaders
+        counts = [num_batches(loader, self.limit, self.prefix) for loader in loaders]
+        # Predict runs no collective, so each rank predicts all of its shard; val and test merge metrics across
+        # ranks at the same points, so they run the same number of batches on every rank.
+        self.max_batches = counts if self.stage == "predict" else agreed_batches(trainer.runtime, counts, self.prefix)
         self.logged_batches = [0] * len(self.loaders)  # the step of eval step rows, per loader, across runs
 
     def run(self) -> list[dict[str, torch.Tensor]] | list[Any] | None:
@@ -75,7 +93,11 @@ class EvaluationLoop:
                 continue
             idx = loader_idx if several else None
             predictions: list[Any] = []
-            for batch_idx, batch, _ in batches(iter(loader), count):
+            set_sampler_epoch(loader, trainer.fit_loop.epochs_processed)
+            iterator = iter(loader)
+            if trainer.world_size > 1 and self.stage != "predict" and not has_length(loader):
+                iterator = stop_together(iterator, trainer.runtime)
+            for batch_idx, batch, _ in batches(iterator, count):
                 output = self._step(module, hooks, hub, trainer._transfer(batch, loader_idx), batch_idx, idx)
                 if self.stage == "predict":
                     predictions.append(map_tensors(output, lambda t: t.cpu()))

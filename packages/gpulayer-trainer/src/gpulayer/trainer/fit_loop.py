@@ -2,6 +2,11 @@
 
 Nothing here reads a tensor back to the host: losses and logged values stay on the device, and only the log
 line (every ``log_every_n_steps`` steps) and epoch ends read them.
+
+On several ranks every decision that ends or skips work must be the same on each. Batch counts are agreed at
+setup; ``should_stop`` (however it was set, on however many ranks) and time-based validation are combined with
+``Runtime.any`` at sync points that every rank reaches: every ``log_every_n_steps`` optimizer steps, the last
+batch of an epoch, after validation and at the epoch end. Between them the loop acts on the last agreed value.
 """
 
 from __future__ import annotations
@@ -14,8 +19,20 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.data import as_loader_list, batches, data_rng_state, num_batches, set_data_rng_state
+from gpulayer.trainer.data import (
+    agreed_batches,
+    as_loader_list,
+    batches,
+    data_rng_state,
+    has_length,
+    num_batches,
+    set_data_rng_state,
+    stop_together,
+)
+from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.module import Module
 from gpulayer.trainer.results import ResultCollection
+from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
 
 
 class FitLoop:
@@ -34,6 +51,10 @@ class FitLoop:
         self.min_epochs = 0
         self.max_epochs = -1
         self.val_enabled = False
+        self.agreed_stop = False  # should_stop as every rank last agreed on it (several ranks only)
+        self.at_sync_point = False  # whether the batch being run is one where the ranks combine decisions
+        self.distributed = trainer.world_size > 1
+        self._combine_batch_start = False
         # Where the run is, for checkpoints: "idle", "batch" (up to on_train_batch_end), "validation" (after a
         # batch), "epoch_end"; and the RNG states at which this epoch's iterator was made and first read.
         self.phase = "idle"
@@ -74,7 +95,17 @@ class FitLoop:
         if _reached(self.epochs_processed, self.max_epochs):
             trainer._epochs_completed = self.epochs_processed
             return True
-        return trainer.should_stop and self.can_stop_early()
+        return self.stop_requested() and self.can_stop_early()
+
+    def stop_requested(self) -> bool:
+        """``should_stop`` on one process; on several, the value the ranks last agreed on."""
+        return self.agreed_stop if self.distributed else self.trainer.should_stop
+
+    def agree_on_stop(self) -> None:
+        """At a point every rank reaches: stop everywhere if ``should_stop`` is set anywhere (one collective)."""
+        trainer = self.trainer
+        if self.distributed:
+            self.agreed_stop = trainer.should_stop = trainer.runtime.any(trainer.should_stop)
 
     # ---- data --------------------------------------------------------------------------------------------------
     def setup_data(self) -> None:
@@ -82,8 +113,12 @@ class FitLoop:
         trainer = self.trainer
         if self.loader is not None or trainer.args.limit_train_batches == 0:
             return
-        (self.loader,) = as_loader_list(trainer._train_source.request(trainer._hooks, trainer.global_rank), "train")
-        self.max_batches = num_batches(self.loader, trainer.args.limit_train_batches, "train")
+        (loader,) = as_loader_list(trainer._train_source.request(trainer._hooks, trainer.global_rank), "train")
+        if trainer.args.use_distributed_sampler:
+            loader = with_distributed_sampler(loader, "train", trainer.world_size, trainer.global_rank)
+        self.loader = loader
+        count = num_batches(loader, trainer.args.limit_train_batches, "train")
+        (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
         if self.epochs_processed == 0 and self.resume is None:
             self.iterator = self._new_iterator()
         if self.max_batches == 0:
@@ -116,9 +151,13 @@ class FitLoop:
         self.setup_data()
         if self.resume is None:  # an epoch-end checkpoint's epoch is complete once training (re)starts
             trainer._epochs_completed = self.epochs_processed
+        self.agreed_stop = False
+        self.agree_on_stop()
         if self.done() or trainer.args.limit_train_batches == 0:
             return
         self.val_enabled = trainer._val_loop.is_enabled()
+        overridden = is_overridden("on_train_batch_start", trainer.lightning_module, Module)
+        self._combine_batch_start = self.distributed and overridden
         if self.should_validate_this_epoch():
             trainer._val_loop.setup_data()
         trainer._metric_hub.activate(self.results)
@@ -142,6 +181,8 @@ class FitLoop:
             self.batch_idx = resume["batch_idx"]
             self.is_last_batch = self.batch_idx + 1 == self.max_batches
             self.after_batch(validate=resume["phase"] == "batch")
+        if self.distributed and not has_length(self.loader):
+            iterator = stop_together(iterator, trainer.runtime)
         epoch_batches = batches(trainer._batch_source(iterator), self.max_batches, start=self.batch_idx + 1)
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
         while not self._epoch_should_end():
@@ -157,6 +198,7 @@ class FitLoop:
         self.end_epoch()
 
     def _new_iterator(self) -> Any:
+        set_sampler_epoch(self.loader, self.epochs_processed)
         self.data_snapshots = {"iter": data_rng_state(self.loader)}
         return iter(self.loader)
 
@@ -170,6 +212,7 @@ class FitLoop:
                 stacklevel=3,
             )
         now = torch.get_rng_state()
+        set_sampler_epoch(self.loader, self.epochs_processed)
         set_data_rng_state(self.loader, self.data_snapshots["iter"])
         iterator = iter(self.loader)
         set_data_rng_state(self.loader, self.data_snapshots["first"])
@@ -182,7 +225,8 @@ class FitLoop:
         trainer = self.trainer
         if _reached(trainer.global_step, trainer.args.max_steps) or self.epoch_batches_reached():
             return True
-        return trainer.should_stop and self.can_stop_early()
+        stop = self.agreed_stop if self.distributed else trainer.should_stop  # stop_requested(), inlined: per batch
+        return stop and self.can_stop_early()
 
     def run_batch(self, batch: Any, batch_idx: int) -> bool:
         """One training batch; False when ``on_train_batch_start`` returned -1 (the epoch ends)."""
@@ -190,7 +234,10 @@ class FitLoop:
         self.phase = "batch"
         hub.on_batch_start(batch)
         hooks.callbacks("on_train_batch_start", batch, batch_idx)
-        if hooks.module("on_train_batch_start", batch, batch_idx) == -1:
+        skip_rest = hooks.module("on_train_batch_start", batch, batch_idx) == -1
+        if self._combine_batch_start:  # -1 on any rank ends the epoch on every rank (one collective per batch)
+            skip_rest = trainer.runtime.any(skip_rest)
+        if skip_rest:
             self.is_last_batch = True
             self.step_schedulers(interval="step")
             self.step_schedulers(interval="epoch")
@@ -199,11 +246,17 @@ class FitLoop:
         self.step_schedulers(interval="step")
         if self.epoch_batches_reached():
             self.step_schedulers(interval="epoch")
+        self.at_sync_point = self.distributed and self._is_sync_point()
+        if self.at_sync_point:
+            hub.flush()  # sync_dist values reduced before the callbacks of this batch read them
         hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
+        if self.at_sync_point:
+            self.agree_on_stop()
         if self.log_step_due():
+            rows = hub.flush()  # reduces sync_dist values: every rank flushes here
             trainer._log_line.print(batch)
-            trainer._logger_rows.push(hub.flush())
+            trainer._logger_rows.push(rows)
         else:
             trainer._log_line.count()
         return True
@@ -217,7 +270,16 @@ class FitLoop:
         if args.fast_dev_run:
             return True
         every = args.log_every_n_steps
-        return bool(every) and ((self.batches_that_stepped + 1) % every == 0 or self.trainer.should_stop)
+        stop = self.agreed_stop if self.distributed else self.trainer.should_stop  # stop_requested(), inlined
+        return bool(every) and ((self.batches_that_stepped + 1) % every == 0 or stop)
+
+    def _is_sync_point(self) -> bool:
+        """Where the ranks combine decisions: the log steps (``should_stop`` aside) and the epoch's last batch."""
+        if self.should_accumulate():
+            return False
+        every = self.trainer.args.log_every_n_steps
+        log_step = bool(every) and (self.batches_that_stepped + 1) % every == 0
+        return log_step or self.epoch_batches_reached() or bool(self.trainer.args.fast_dev_run)
 
     def after_batch(self, validate: bool = True) -> None:
         """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
@@ -230,6 +292,7 @@ class FitLoop:
             trainer._run_validation()
             hub.activate(self.results)
             hub.first_loop_iter = first_loop_iter
+            self.agree_on_stop()
         self.step_schedulers(interval="step", plateau=True)
         if not self.should_accumulate():
             self.batches_that_stepped += 1
@@ -237,11 +300,14 @@ class FitLoop:
     def end_epoch(self) -> None:
         trainer, hooks, hub = self.trainer, self.trainer._hooks, self.trainer._metric_hub
         hub.epoch_end_reached()
+        hub.flush()  # the epoch values, reduced where sync_dist asks, before any callback reads them
         self.epochs_processed += 1
         self.phase = "epoch_end"
         hooks.callbacks("on_train_epoch_end", monitoring=False)
         hooks.module("on_train_epoch_end")
+        hub.flush()
         hooks.callbacks("on_train_epoch_end", monitoring=True)
+        self.agree_on_stop()
         hub.flush()
         if self.epoch_batches_reached():
             self.step_schedulers(interval="epoch", plateau=True)
@@ -295,10 +361,13 @@ class FitLoop:
             return False
         if self.is_last_batch and self.val_check_batch == math.inf:
             return True
-        if trainer.should_stop and self.can_stop_early():
+        if self.stop_requested() and self.can_stop_early():
             return True
         if self.val_check_batch is None:
-            return time.monotonic() - trainer._last_val_time >= trainer.args.val_check_interval.total_seconds()
+            due = time.monotonic() - trainer._last_val_time >= trainer.args.val_check_interval.total_seconds()
+            if not self.distributed:
+                return due
+            return self.at_sync_point and trainer.runtime.any(due)  # the clocks of the ranks differ
         if self.val_check_batch == math.inf:
             return self.is_last_batch
         index = self.total_batches - 1 if trainer.args.check_val_every_n_epoch is None else self.batch_idx

@@ -35,7 +35,7 @@ class LogLine:
     def _line(self, batch: Any) -> str:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
-        samples = self._batches * _safe_batch_size(batch) / elapsed
+        samples = self._batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
         total = trainer.estimated_stepping_batches
         steps_done = trainer.global_step - self._start_step
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]

@@ -4,6 +4,10 @@ Lightning merges the active loop's results into these dicts after every batch an
 values into Python floats there (a device sync per step). We merge only when the dicts are read, when the
 active loop changes, and where a batch loop ends: the same contents whenever anyone looks, and no work on
 a step nobody looks at. Progress-bar values become floats only when read.
+
+On several ranks, ``sync_dist`` values are reduced by the loops' merges, which every rank makes at the same
+points (log steps, epoch ends, evaluation ends). Reading the dicts does not reduce (a read may happen on one
+rank only): between those points a ``sync_dist`` step value reads as this rank's own.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.results import ResultCollection
+from gpulayer.trainer.results import ResultCollection, Sync
 
 
 class MetricHub:
-    def __init__(self) -> None:
+    def __init__(self, sync: Sync | None = None) -> None:
+        self.sync = sync  # Runtime.all_reduce on several ranks, else None
         self.callback: dict[str, torch.Tensor] = {}
         self.logged: dict[str, torch.Tensor] = {}
         self.bar: dict[str, torch.Tensor] = {}
@@ -31,11 +36,18 @@ class MetricHub:
             self.flush()
             self.results = results
 
-    def flush(self) -> dict[str, torch.Tensor]:
-        """Merge the active results into the dicts; returns what they logged (for eval return values)."""
+    def flush(self, reduce: bool = True) -> dict[str, torch.Tensor]:
+        """Merge the active results into the dicts; returns what they logged (for eval return values).
+
+        ``reduce=False`` for reads that some ranks may not make: ``sync_dist`` values are then not reduced.
+        """
         if self.results is None:
             return {}
-        callback, logged, bar = self.results.metrics(on_step=self.first_loop_iter is not None)
+        callback, logged, bar = self.results.metrics(
+            on_step=self.first_loop_iter is not None,
+            sync=self.sync if reduce else None,
+            distributed=self.sync is not None,
+        )
         self.callback.update(callback)
         self.logged.update(logged)
         self.bar.update(bar)
@@ -72,14 +84,14 @@ class MetricHub:
         self.callback, self.logged, self.bar = {}, {}, {}
 
     def callback_metrics(self) -> dict[str, torch.Tensor]:
-        self.flush()
+        self.flush(reduce=False)
         return self.callback
 
     def logged_metrics(self) -> dict[str, torch.Tensor]:
-        self.flush()
+        self.flush(reduce=False)
         return self.logged
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """Python floats: reading them syncs with the device, so only the log line and users do."""
-        self.flush()
+        self.flush(reduce=False)
         return {name: value.item() for name, value in self.bar.items()}

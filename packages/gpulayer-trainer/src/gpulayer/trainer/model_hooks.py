@@ -109,7 +109,13 @@ class ModelHooks:
 
 
 class DataHooks:
-    """Data preparation, ``setup``/``teardown`` per stage, and the loaders; a loader hook counts only if overridden."""
+    """Data preparation, ``setup``/``teardown`` per stage, and the loaders; a loader hook counts only if overridden.
+
+    ``prepare_data`` runs on each node's local rank 0, or with ``prepare_data_per_node = False`` on global rank 0
+    only; the other ranks wait for it.
+    """
+
+    prepare_data_per_node: bool = True
 
     def prepare_data(self) -> None:
         pass

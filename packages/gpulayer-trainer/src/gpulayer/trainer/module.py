@@ -103,6 +103,11 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         rank_zero_only: bool = False,
     ) -> None:
         """Record ``value`` under ``name``; kept on the device and reduced at epoch end (Lightning's rules)."""
+        if sync_dist_group is not None:
+            raise ValueError(
+                f"self.log({name!r}, ..., sync_dist_group={sync_dist_group!r}): GPUlayer reduces sync_dist values "
+                "over every rank; pass sync_dist_group=None"
+            )
         trainer = self._trainer
         if trainer is None:
             warnings.warn(

@@ -7,6 +7,8 @@ batch all of that runs inside the closure handed to ``optimizer_step``, followed
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from typing import Any
 
@@ -25,6 +27,12 @@ class AutomaticOptimization:
         self.last_loss: torch.Tensor | None = None
         self._warned_none = False
         self._takes_batch_idx = takes_batch_idx(trainer.lightning_module.training_step)
+        # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
+        # that do not step keep their gradients local.
+        step = functools.partial(trainer._hooks.module, "training_step")
+        parallel = trainer._data_parallel
+        self._training_step = step if parallel is None else functools.partial(parallel.run, step)
+        self._no_sync = contextlib.nullcontext if parallel is None else parallel.no_sync
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
         self._clips = bool(trainer.args.gradient_clip_val) or is_overridden(
             "configure_gradient_clipping", trainer.lightning_module, Module
@@ -41,7 +49,7 @@ class AutomaticOptimization:
         def closure() -> torch.Tensor | None:
             step_args = (batch, batch_idx) if self._takes_batch_idx else (batch,)
             with trainer._precision.step_context():
-                output = hooks.module("training_step", *step_args)
+                output = self._training_step(*step_args)
             loss, extra = self._split(output)
             self.last_loss = loss.detach() if loss is not None else None  # not the graph: it is freed at backward
             if loss is not None and args.accumulate_grad_batches > 1:
@@ -73,7 +81,8 @@ class AutomaticOptimization:
             return loss
 
         if accumulate:
-            closure()
+            with self._no_sync():
+                closure()
         else:
             stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
             hooks.module("optimizer_step", trainer.current_epoch, batch_idx, stepper, step_closure)

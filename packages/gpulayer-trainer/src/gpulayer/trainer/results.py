@@ -103,6 +103,10 @@ def reduction(reduce_fx: Any) -> str:
         ) from None
 
 
+# Reduces a tensor across ranks with an op ("sum", "mean", "max", "min"): Runtime.all_reduce.
+Sync = Callable[[torch.Tensor, str], torch.Tensor]
+
+
 class Meta(NamedTuple):
     """How one key was logged; a tuple so that building and comparing it on every step is cheap."""
 
@@ -130,7 +134,7 @@ class Meta(NamedTuple):
 class Metric:
     """One logged key: its latest step value and its epoch accumulator, both tensors on the device."""
 
-    __slots__ = ("computed", "has_reset", "meta", "step_value", "total", "weight")
+    __slots__ = ("computed", "has_reset", "meta", "step_reduced", "step_value", "total", "weight")
 
     def __init__(self, meta: Meta) -> None:
         self.meta = meta
@@ -138,6 +142,7 @@ class Metric:
 
     def update(self, value: torch.Tensor, batch_size: int) -> None:
         self.computed = None
+        self.step_reduced = None
         self.has_reset = False
         if self.meta.on_step:
             self.step_value = value
@@ -153,10 +158,22 @@ class Metric:
             self.total = (torch.maximum if self.meta.reduce == "max" else torch.minimum)(self.total, value)
         self.weight += batch_size
 
-    def compute(self, sync: Callable[[torch.Tensor, str], torch.Tensor] | None) -> torch.Tensor | None:
+    def step(self, sync: Sync | None) -> torch.Tensor | None:
+        """The latest step value; with ``sync_dist`` reduced across ranks once ``sync`` is given (then kept)."""
+        if sync is None or not self.meta.sync_dist or self.step_value is None:
+            return self.step_reduced if self.step_reduced is not None else self.step_value
+        if self.step_reduced is None:
+            self.step_reduced = sync(self.step_value.clone(), self.meta.reduce)
+        return self.step_reduced
+
+    def compute(self, sync: Sync | None, distributed: bool) -> torch.Tensor | None:
+        """The epoch value. A ``sync_dist`` value on several ranks is reduced once ``sync`` is given; before that
+        this rank's own value is returned and not kept."""
         if self.computed is None and self.total is not None:
             total, weight = self.total, self.weight
-            if sync is not None and self.meta.sync_dist:
+            if distributed and self.meta.sync_dist:
+                if sync is None:
+                    return total / weight if self.meta.reduce == "mean" else total
                 total = sync(total.clone(), "sum" if self.meta.reduce == "mean" else self.meta.reduce)
                 weight = sync(torch.tensor(float(weight), device=total.device), "sum")
             self.computed = total / weight if self.meta.reduce == "mean" else total
@@ -164,6 +181,7 @@ class Metric:
 
     def reset(self) -> None:
         self.step_value: torch.Tensor | None = None
+        self.step_reduced: torch.Tensor | None = None
         self.total: torch.Tensor | None = None
         self.weight = 0
         self.computed: torch.Tensor | None = None
@@ -179,7 +197,6 @@ class ResultCollection(dict):
         self.batch: Any = None
         self.batch_size: int | None = None
         self.dataloader_idx: int | None = None
-        self.sync: Callable[[torch.Tensor, str], torch.Tensor] | None = None
 
     def log(self, meta: Meta, value: torch.Tensor, batch_size: int | None) -> None:
         key = f"{meta.fx}.{meta.name}"
@@ -201,8 +218,11 @@ class ResultCollection(dict):
             self.batch_size = batch_size_of(self.batch)
         return self.batch_size
 
-    def metrics(self, on_step: bool) -> tuple[dict, dict, dict]:
-        """(callback, logged, progress-bar) tensors for the step or the epoch, as Lightning names them."""
+    def metrics(self, on_step: bool, sync: Sync | None = None, distributed: bool = False) -> tuple[dict, dict, dict]:
+        """(callback, logged, progress-bar) tensors for the step or the epoch, as Lightning names them.
+
+        ``sync`` reduces ``sync_dist`` values across ranks: pass it only where every rank calls this.
+        """
         callback: dict[str, torch.Tensor] = {}
         logged: dict[str, torch.Tensor] = {}
         bar: dict[str, torch.Tensor] = {}
@@ -211,9 +231,9 @@ class ResultCollection(dict):
             if metric.has_reset or meta.dataloader_idx != self.dataloader_idx:
                 continue
             if on_step:
-                value = metric.step_value if meta.on_step else None
+                value = metric.step(sync) if meta.on_step else None
             else:
-                value = metric.compute(self.sync) if meta.on_epoch else None
+                value = metric.compute(sync, distributed) if meta.on_epoch else None
             if value is None:
                 continue
             name, forked = meta.names(on_step)

@@ -14,6 +14,7 @@ from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import resolve_ckpt_path, restore_modules_and_callbacks, restore_training_state
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.ddp import DataParallel
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
@@ -43,6 +44,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
             with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
                 result = loop.run()
     except BaseException as error:
+        trainer._data_parallel = None
         trainer._logger_rows.finalize("failed")
         trainer._hooks.on_exception(error)
         if datamodule is not None:
@@ -51,6 +53,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
+    trainer._data_parallel = None
     _to_cpu(trainer, module)
     trainer._logger_rows.finalize("success")
     if stage == "fit":
@@ -98,12 +101,11 @@ def _set_up(
 ) -> dict[str, Any] | None:
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
-    if datamodule is not None and is_overridden("prepare_data", datamodule, DataModule):
-        datamodule.prepare_data()
-    if is_overridden("prepare_data", module, Module):
-        hooks.module("prepare_data")
-    if trainer.logger is not None and trainer.is_global_zero:
-        trainer.logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
+    _prepare_data(trainer, module, datamodule, hooks)
+    if trainer.logger is not None:
+        trainer.logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder
+        if trainer.is_global_zero:
+            trainer.logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
     if datamodule is not None:
         datamodule.setup(stage)
     hooks.callbacks("setup", stage)
@@ -121,10 +123,29 @@ def _set_up(
     return checkpoint
 
 
+def _prepare_data(trainer: Any, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
+    """Lightning's rule: on each node's local rank 0 (``prepare_data_per_node=True``) or on global rank 0 only,
+    while the other ranks wait (within the process group's timeout)."""
+    prepared = False
+    for owner, base in ((datamodule, DataModule), (module, Module)):
+        if owner is None or not is_overridden("prepare_data", owner, base):
+            continue
+        prepared = True
+        if (trainer.local_rank if owner.prepare_data_per_node else trainer.global_rank) != 0:
+            continue
+        if owner is module:
+            hooks.module("prepare_data")
+        else:
+            owner.prepare_data()
+    if prepared:
+        trainer.runtime.barrier()
+
+
 def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
     ckpt_path, weights_only, model_given = trainer._checkpoint_request
     trainer._checkpoint_request = (None, None, True)
-    trainer.ckpt_path = resolve_ckpt_path(trainer, ckpt_path, stage, model_given)
+    # Rank 0's answer: "last" and "best" name files, which other nodes may not see the same way.
+    trainer.ckpt_path = trainer.runtime.broadcast(resolve_ckpt_path(trainer, ckpt_path, stage, model_given))
     if trainer.ckpt_path is None:
         return None
     return checkpoint_io.load(trainer.ckpt_path, weights_only=weights_only is not False)
@@ -132,6 +153,8 @@ def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
 
 def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:
     trainer.fit_loop.resolve_limits()
+    if trainer._ddp is not None and trainer.world_size > 1:  # before configure_optimizers, as Lightning wraps
+        trainer._data_parallel = DataParallel(module, trainer._ddp, trainer._device)
     trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
     trainer._optimization = AutomaticOptimization(trainer)
     if trainer._device.type == "cuda" and trainer.args.benchmark is None:

@@ -47,5 +47,5 @@ class Timer(Callback):
         self._offset = state_dict["time_elapsed"].get("train", 0.0)
 
     def _check(self, trainer: Any) -> None:
-        # One process today; the DDP issue combines this decision across ranks (it ends work).
+        # Each rank reads its own clock; on several ranks the fit loop combines should_stop at its sync points.
         trainer.should_stop = trainer.should_stop or self.time_elapsed() >= self.duration

@@ -1,4 +1,5 @@
-"""``Trainer``: Lightning's entry points (``fit``, ``validate``, ``test``, ``predict``) and state, on one process."""
+"""``Trainer``: Lightning's entry points (``fit``, ``validate``, ``test``, ``predict``) and state, on one process or
+as DDP on several."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.runtime import Placement, Runtime
+from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
 from gpulayer.trainer.arguments import parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
@@ -18,6 +19,7 @@ from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.ddp import DataParallel
 from gpulayer.trainer.defaults import callback_list, default_callbacks, default_logger
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
@@ -28,6 +30,8 @@ from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
+from gpulayer.trainer.strategy import DDPStrategy
+from gpulayer.trainer.world import device_of, devices_per_node, find_placement
 
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
@@ -39,7 +43,7 @@ class Trainer:
         self,
         *,
         accelerator: str = "auto",
-        strategy: str = "auto",
+        strategy: str | DDPStrategy = "auto",
         devices: Any = "auto",
         num_nodes: int = 1,
         precision: Any = None,
@@ -103,17 +107,13 @@ class Trainer:
         )
         self._user_callbacks = callback_list(callbacks)
         self.logger = default_logger(logger, self.args)
-        self._placement = Placement.detect(accelerator=self.args.accelerator)
-        if self._placement.world_size > 1:
-            raise NotImplementedError(
-                f"this process is rank {self._placement.global_rank} of {self._placement.world_size}: the Trainer "
-                "runs one process today; multi-process training through the Trainer lands with DDP support"
-            )
-        # Decisions that end or skip work go through runtime.any (callbacks' stop decisions, for example).
-        self.runtime = Runtime(self._placement)
-        self._device = (
-            torch.device("cuda", self.args.device_index) if self.args.accelerator == "cuda" else torch.device("cpu")
-        )
+        # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
+        # `gpulayer launch` here and never returns (see world.py).
+        self._placement, self.strategy_name, self._ddp = find_placement(self.args)
+        # The process group, and the collectives that make decisions that end or skip work the same on every rank.
+        self.runtime = Runtime(self._placement, timeout=self._ddp.timeout if self._ddp is not None else None)
+        self._device = device_of(self.args, self._placement)
+        self._data_parallel: DataParallel | None = None  # DDP around the module while it trains
         process_settings.apply(self.args)
         self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
@@ -127,7 +127,7 @@ class Trainer:
         self._epochs_completed = 0
         self._last_val_time = 0.0
         self._precision = Precision(self.args.precision, self._device)
-        self._metric_hub = MetricHub()
+        self._metric_hub = MetricHub(self.runtime.all_reduce if self.world_size > 1 else None)
         self._log_line = LogLine(self)
         self._logger_rows = LoggerRows(self)
         self._optimization: Any = None
@@ -247,7 +247,8 @@ class Trainer:
             self._val_loop.run()
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
-        """Write the run's state to ``filepath`` (atomically; global rank 0 writes)."""
+        """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
+        calling it on rank 0 alone is safe)."""
         if self.lightning_module is None:
             raise RuntimeError(
                 "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"
@@ -375,7 +376,7 @@ class Trainer:
     node_rank = property(lambda self: self._placement.node_rank)
     world_size = property(lambda self: self._placement.world_size)
     num_nodes = property(lambda self: self.args.num_nodes)
-    num_devices = property(lambda self: 1)
+    num_devices = property(lambda self: devices_per_node(self.args, self._placement))
     is_global_zero = property(lambda self: self._placement.global_rank == 0)
     training = property(lambda self: self.state_fn == "fit" and not self.sanity_checking)
     validating = property(lambda self: self.state_fn == "validate" or self.sanity_checking)

@@ -1,0 +1,123 @@
+"""Distributed samplers, as Lightning's ``use_distributed_sampler=True`` puts them into DataLoaders (§1.11).
+
+Each rank reads its own shard: training loaders shuffle (Lightning's rule, whatever the loader said), val and
+test keep their loader's order and are padded to equal shards, predict is split without padding. The seed is
+``PL_GLOBAL_SEED`` (``seed_everything`` sets it) or 0, and ``set_epoch`` reshuffles every epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+
+def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int) -> Any:
+    """``loader`` remade with this rank's sampler; unchanged when it needs none (one process, an iterable dataset,
+    a DistributedSampler already, or not a DataLoader)."""
+    if world_size == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if isinstance(loader.sampler, DistributedSampler):
+        return loader
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+    shuffle = stage == "train" or isinstance(loader.sampler, RandomSampler)
+    if stage == "predict":
+        sampler: Sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=False, seed=seed, pad=False)
+    elif isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    else:
+        sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=shuffle, seed=seed, pad=True)
+    return _rebuilt(loader, sampler, stage)
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` on the loader's sampler and its batch sampler's sampler (each once), as Lightning."""
+    found = {
+        id(sampler): sampler
+        for sampler in (
+            getattr(loader, "sampler", None),
+            getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+        )
+        if sampler is not None
+    }
+    for sampler in found.values():
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+class ShardedSampler(Sampler[int]):
+    """This rank's share of another sampler's indices (Lightning's ``DistributedSamplerWrapper``; with
+    ``pad=False`` its unrepeated variant for predict): optionally shuffled by ``seed + epoch``, every
+    ``world_size``-th index from ``rank``, padded to equal shards by repeating the first indices."""
+
+    def __init__(self, sampler: Any, world_size: int, rank: int, *, shuffle: bool, seed: int, pad: bool) -> None:
+        self.sampler, self.world_size, self.rank = sampler, world_size, rank
+        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.sampler)
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            indices = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
+        if self.pad:
+            total = math.ceil(len(indices) / self.world_size) * self.world_size
+            indices += (indices * math.ceil(total / max(len(indices), 1)))[: total - len(indices)]
+        return iter(indices[self.rank :: self.world_size])
+
+    def __len__(self) -> int:
+        length = len(self.sampler)
+        if self.pad:
+            return math.ceil(length / self.world_size)
+        return len(range(self.rank, length, self.world_size))
+
+
+def _rebuilt(loader: DataLoader, sampler: Sampler, stage: str) -> DataLoader:
+    """A plain DataLoader with ``loader``'s settings and ``sampler``; subclasses and custom batch samplers cannot be
+    remade faithfully, so they get a clear error instead."""
+    custom_batches = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
+    if type(loader) is not DataLoader or custom_batches:
+        what = (
+            f"{type(loader).__name__}" if type(loader) is not DataLoader else "a DataLoader with a custom batch_sampler"
+        )
+        raise ValueError(
+            f"the {stage} loader ({what}) cannot be remade with a distributed sampler; pass "
+            "use_distributed_sampler=False to the Trainer and give each rank its own shard (for example "
+            "sampler=DistributedSampler(dataset))"
+        )
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+        in_order=getattr(loader, "in_order", True),
+    )

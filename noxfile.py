@@ -143,17 +143,31 @@ def demo(session: nox.Session) -> None:
     session.run("python", "docs/examples/digits.py")
 
 
+COMPARISON = "benchmarks/lightning_comparison/compare.py"
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Per-step overhead against a raw loop and Lightning: `nox -s bench -- --quick` (see benchmarks/README.md)."""
+    """GPUlayer, a raw loop and Lightning side by side; writes RESULTS.md and checks the baseline within 10%.
+
+    `nox -s bench -- --quick` for a 2-minute run; any arguments replace the defaults (see benchmarks/README.md).
+    """
     _install(session)
-    session.run("python", "benchmarks/overhead.py", *session.posargs)
+    session.install("matplotlib")
+    session.run("python", COMPARISON, *(session.posargs or ["--guard", "0.10"]))
 
 
-@nox.session(python=False, requires=["lint", "unit", "gloo", "multinode", "isolation", "demo"])
+@nox.session
+def bench_guard(session: nox.Session) -> None:
+    """The quick comparison against the committed baseline, with a tolerance wide enough for a noisy 2-core runner."""
+    _install(session)
+    session.run("python", COMPARISON, "--quick", "--guard", "1.0", "--out", session.create_tmp())
+
+
+@nox.session(python=False, requires=["lint", "unit", "gloo", "multinode", "isolation", "demo", "bench_guard"])
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, unit, gloo, multinode, isolation and the demo (the main job)."""
-    session.log("lint, unit, gloo, multinode, isolation and demo passed")
+    """What CI runs: lint, unit, gloo, multinode, isolation, the demo (the main job) and the benchmark guard."""
+    session.log("lint, unit, gloo, multinode, isolation, demo and bench_guard passed")
 
 
 @nox.session(python=False, default=False)

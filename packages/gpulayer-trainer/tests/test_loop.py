@@ -234,3 +234,39 @@ def test_a_sync_dist_group_is_refused_naming_the_metric(tmp_path):
 
     with pytest.raises(ValueError, match=r"self.log\('grouped', ..., sync_dist_group='group'\)"):
         _fit(tmp_path, GroupLogging(), DataLoader(_data(), batch_size=8), max_epochs=1)
+
+
+def test_batches_reads_no_batch_past_the_count_and_needs_only_next():
+    from gpulayer.trainer.data import batches
+
+    class NextOnly:  # an iterator that only defines __next__: the loop must not need more
+        def __init__(self, items):
+            self.items, self.reads = list(items), 0
+
+        def __next__(self):
+            if self.reads == len(self.items):
+                raise StopIteration
+            self.reads += 1
+            return self.items[self.reads - 1]
+
+    source = NextOnly("abcdef")
+    assert list(batches(source, 4, start=1)) == [(1, "a", False), (2, "b", False), (3, "c", True)]
+    assert source.reads == 3
+    assert list(batches(NextOnly("ab"), 4)) == [(0, "a", False), (1, "b", False)]  # the loader ends first
+    assert list(batches(NextOnly("ab"), float("inf"))) == [(0, "a", False), (1, "b", True)]
+
+
+def test_a_repeated_log_call_is_checked_like_its_first_and_unhashable_options_still_work(tmp_path):
+    class Logging(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("listed", loss, prog_bar=[], on_epoch=True)  # an unhashable (falsy) option
+            self.log("changes", loss, on_epoch=batch_idx > 1)  # the same until batch 2, then different
+            return loss
+
+    trainer = Trainer(accelerator="cpu", enable_checkpointing=False, default_root_dir=tmp_path, max_steps=2)
+    trainer.fit(Logging(), DataLoader(_data(), batch_size=8))
+    assert {"listed", "changes"} <= set(trainer.callback_metrics)
+    assert "listed" not in trainer.progress_bar_metrics
+    with pytest.raises(ValueError, match=r"self.log\('changes', ...\) was called twice in training_step"):
+        _fit(tmp_path, Logging(), DataLoader(_data(), batch_size=8), max_epochs=1)

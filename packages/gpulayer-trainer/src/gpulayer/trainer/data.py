@@ -7,6 +7,7 @@ iterator draws from the global RNG: matching the moments keeps runs bit-for-bit 
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Iterator
@@ -128,14 +129,16 @@ def _generators(loader: Any) -> dict[str, torch.Generator]:
 def batches(iterator: Iterator[Any], count: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
     """``(batch_idx, batch, is_last)`` from ``start`` up to ``count`` batches; looks one ahead only when ``count``
     is unknown."""
-    if count != math.inf:
-        for batch_idx in range(start, int(count)):
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            yield batch_idx, batch, batch_idx + 1 == count
-        return
+    if count == math.inf:
+        return _looking_ahead(iterator, start)
+    # Built from C iterators, so no Python frame runs per batch: zip asks the range first (no batch is read past
+    # ``count``) and ends where ``next(iterator)`` raises StopIteration.
+    read = map(next, itertools.repeat(iterator))
+    last = itertools.chain(itertools.repeat(False, int(count) - start - 1), (True,))
+    return zip(range(start, int(count)), read, last, strict=False)  # the loader may end early
+
+
+def _looking_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any, bool]]:
     try:
         upcoming = next(iterator)
     except StopIteration:

@@ -184,6 +184,7 @@ class FitLoop:
         if self.distributed and not has_length(self.loader):
             iterator = stop_together(iterator, trainer.runtime)
         epoch_batches = batches(trainer._batch_source(iterator), self.max_batches, start=self.batch_idx + 1)
+        transfers = trainer._transfers_batches()  # else _transfer hands every batch back as it is
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
         while not self._epoch_should_end():
             fetched = next(epoch_batches, None)
@@ -192,7 +193,7 @@ class FitLoop:
             batch_idx, batch, self.is_last_batch = fetched
             self.batch_idx = batch_idx
             self.total_batches += 1
-            if not self.run_batch(trainer._transfer(batch, 0), batch_idx):
+            if not self.run_batch(trainer._transfer(batch, 0) if transfers else batch, batch_idx):
                 break
             self.after_batch()
         self.end_epoch()
@@ -223,9 +224,13 @@ class FitLoop:
 
     def _epoch_should_end(self) -> bool:
         trainer = self.trainer
-        if _reached(trainer.global_step, trainer.args.max_steps) or self.epoch_batches_reached():
+        # _reached(global_step, max_steps), epoch_batches_reached() and stop_requested(), inlined: per batch.
+        max_steps = trainer.args.max_steps
+        if max_steps != -1 and trainer._global_step >= max_steps:
             return True
-        stop = self.agreed_stop if self.distributed else trainer.should_stop  # stop_requested(), inlined: per batch
+        if self.batch_idx + 1 == self.max_batches or self.is_last_batch:
+            return True
+        stop = self.agreed_stop if self.distributed else trainer.should_stop
         return stop and self.can_stop_early()
 
     def run_batch(self, batch: Any, batch_idx: int) -> bool:
@@ -233,8 +238,9 @@ class FitLoop:
         trainer, hooks, hub = self.trainer, self.trainer._hooks, self.trainer._metric_hub
         self.phase = "batch"
         hub.on_batch_start(batch)
-        hooks.callbacks("on_train_batch_start", batch, batch_idx)
-        skip_rest = hooks.module("on_train_batch_start", batch, batch_idx) == -1
+        skip_rest = (
+            "on_train_batch_start" in hooks.active and hooks.both("on_train_batch_start", batch, batch_idx) == -1
+        )
         if self._combine_batch_start:  # -1 on any rank ends the epoch on every rank (one collective per batch)
             skip_rest = trainer.runtime.any(skip_rest)
         if skip_rest:
@@ -242,31 +248,32 @@ class FitLoop:
             self.step_schedulers(interval="step")
             self.step_schedulers(interval="epoch")
             return False
-        outputs = trainer._optimization.run(batch, batch_idx, self.should_accumulate())
-        self.step_schedulers(interval="step")
-        if self.epoch_batches_reached():
-            self.step_schedulers(interval="epoch")
+        accumulate = self.should_accumulate()
+        outputs, loss = trainer._optimization.run(batch, batch_idx, accumulate)
+        if trainer.lr_scheduler_configs:  # step_schedulers does nothing without schedulers: no calls then
+            self.step_schedulers(interval="step")
+            if self.epoch_batches_reached():
+                self.step_schedulers(interval="epoch")
         self.at_sync_point = self.distributed and self._is_sync_point()
         if self.at_sync_point:
             hub.flush()  # sync_dist values reduced before the callbacks of this batch read them
-        hooks.both("on_train_batch_end", outputs, batch, batch_idx)
+        if "on_train_batch_end" in hooks.active:
+            hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
         if self.at_sync_point:
             self.agree_on_stop()
-        if self.log_step_due():
+        if not accumulate and self.log_step_due():
             rows = hub.flush()  # reduces sync_dist values: every rank flushes here
-            trainer._log_line.print(batch)
+            trainer._log_line.print(batch, loss)
             trainer._logger_rows.push(rows)
         else:
             trainer._log_line.count()
         return True
 
     def log_step_due(self) -> bool:
-        """Lightning's cadence for step metrics: stepping batches, every ``log_every_n_steps`` batches that stepped
-        (counted across epochs), the batch that set ``should_stop``, and every step under ``fast_dev_run``."""
+        """Lightning's cadence for step metrics, on a stepping batch: every ``log_every_n_steps`` batches that
+        stepped (counted across epochs), the batch that set ``should_stop``, and every step under ``fast_dev_run``."""
         args = self.trainer.args
-        if self.should_accumulate():
-            return False
         if args.fast_dev_run:
             return True
         every = args.log_every_n_steps
@@ -285,7 +292,7 @@ class FitLoop:
         """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
         trainer, hub = self.trainer, self.trainer._metric_hub
         self.phase = "validation"
-        if validate and self.should_validate_now():
+        if validate and self.val_enabled and self.should_validate_now():  # val_enabled: its first test, call-free
             first_loop_iter = hub.first_loop_iter
             if not self.should_accumulate():
                 trainer._hooks.module("on_validation_model_zero_grad")
@@ -293,7 +300,8 @@ class FitLoop:
             hub.activate(self.results)
             hub.first_loop_iter = first_loop_iter
             self.agree_on_stop()
-        self.step_schedulers(interval="step", plateau=True)
+        if trainer.lr_scheduler_configs:
+            self.step_schedulers(interval="step", plateau=True)
         if not self.should_accumulate():
             self.batches_that_stepped += 1
 

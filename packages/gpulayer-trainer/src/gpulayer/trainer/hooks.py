@@ -39,13 +39,19 @@ class Hooks:
         }
         self._noops = {name for name in _DEFAULT_NOOPS if not is_overridden(name, module, Module)}
         self._pass_through = {name for name in _DEFAULT_PASS_THROUGH if not is_overridden(name, module, Module)}
+        self._not_called = self._noops | self._pass_through
+        # The hook name is written to the instance dict directly: nn.Module.__setattr__ costs microseconds.
+        self._module_state = module.__dict__
+        # The hooks for which ``both`` calls anything: per-step callers skip the others (and building their
+        # arguments) with one set lookup.
+        self.active = frozenset(name for name in CALLBACK_HOOKS if self._overriding[name] or name not in self._noops)
 
     def callbacks(self, name: str, *args: Any, monitoring: bool | None = None) -> None:
         """``name`` on every callback that overrides it; ``monitoring`` selects one side of Lightning's split."""
         overriding = self._overriding[name]
         if not overriding:
             return
-        state = self._module.__dict__
+        state = self._module_state
         previous, state["_current_fx_name"] = state["_current_fx_name"], name
         try:
             for callback in overriding:
@@ -55,12 +61,9 @@ class Hooks:
             state["_current_fx_name"] = previous
 
     def module(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        if name in self._noops:
-            return None
-        if name in self._pass_through:
-            return args[0]
-        # Written to the instance dict directly: nn.Module.__setattr__ costs microseconds, paid ~30 times a step.
-        state = self._module.__dict__
+        if name in self._not_called:
+            return args[0] if name in self._pass_through else None
+        state = self._module_state
         previous, state["_current_fx_name"] = state["_current_fx_name"], name
         try:
             return getattr(self._module, name)(*args, **kwargs)

@@ -10,6 +10,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 from gpulayer.trainer.batch import batch_size_of
 
 
@@ -26,20 +28,19 @@ class LogLine:
         if self._since is None:
             self._since, self._start_step = time.monotonic(), self.trainer.global_step
 
-    def print(self, batch: Any) -> None:
-        """On a log step (the fit loop decides which): rank 0 prints the line."""
+    def print(self, batch: Any, loss: torch.Tensor | None) -> None:
+        """On a log step (the fit loop decides which): rank 0 prints the line, with this step's ``loss``."""
         self.count()
         if self.trainer.is_global_zero:
-            print(self._line(batch), flush=True)
+            print(self._line(batch, loss), flush=True)
 
-    def _line(self, batch: Any) -> str:
+    def _line(self, batch: Any, loss: torch.Tensor | None) -> str:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
         samples = self._batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
         total = trainer.estimated_stepping_batches
         steps_done = trainer.global_step - self._start_step
         parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]
-        loss = trainer._optimization.last_loss
         if loss is not None:
             parts.append(f"loss {loss.item():.4g}")
         parts += [f"{name} {value:.4g}" for name, value in trainer.progress_bar_metrics.items()]

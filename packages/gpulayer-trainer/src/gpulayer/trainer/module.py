@@ -121,28 +121,54 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         if results is None:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported in {self._current_fx_name or 'this hook'}")
         fx = self._current_fx_name
-        on_step, on_epoch = log_levels(fx, on_step, on_epoch)
-        if add_dataloader_idx and "/dataloader_idx_" in name:
-            raise ValueError(
-                f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when add_dataloader_idx=True"
-            )
-        tensor = self._metric_tensor(name, value, enable_graph)
-        if hub.should_reset_tensors(fx):
-            results.reset(fx=fx)
-        meta = Meta(
+        # A call made before with the same arguments (every step's) goes to the Metric it went to then: the checks
+        # and the Meta depend only on these arguments, so they would come out the same.
+        call: tuple | None = (
             fx,
             name,
             prog_bar,
-            True if logger is None else logger,
+            logger,
             on_step,
             on_epoch,
-            reduction(reduce_fx),
+            reduce_fx,
             enable_graph,
             add_dataloader_idx,
+            sync_dist,
+            rank_zero_only,
             results.dataloader_idx,
-            sync_dist and not rank_zero_only,
         )
-        results.log(meta, tensor, batch_size)
+        try:
+            metric = results.by_call.get(call)
+        except TypeError:  # an unhashable argument: checked and looked up on every call
+            call = metric = None
+        if metric is None:
+            on_step, on_epoch = log_levels(fx, on_step, on_epoch)
+            if add_dataloader_idx and "/dataloader_idx_" in name:
+                raise ValueError(
+                    f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when "
+                    "add_dataloader_idx=True"
+                )
+        tensor = self._metric_tensor(name, value, enable_graph)
+        if hub.should_reset_tensors(fx):
+            results.reset(fx=fx)
+        if metric is None:
+            meta = Meta(
+                fx,
+                name,
+                prog_bar,
+                True if logger is None else logger,
+                on_step,
+                on_epoch,
+                reduction(reduce_fx),
+                enable_graph,
+                add_dataloader_idx,
+                results.dataloader_idx,
+                sync_dist and not rank_zero_only,
+            )
+            metric = results.metric(meta)
+            if call is not None:
+                results.by_call[call] = metric
+        results.log(metric, tensor, batch_size)
         hub.current_fx = fx
 
     def log_dict(
@@ -187,14 +213,15 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
             tensor = value if enable_graph else value.detach()
             if tensor.dim():
                 tensor = tensor.squeeze()
-            if not torch.is_floating_point(tensor):
+            dtype = tensor.dtype
+            if not dtype.is_floating_point:
                 warnings.warn(
                     f"self.log({name!r}, ...) in {self._current_fx_name}: the value is not floating point; it is "
                     "converted to reduce it",
                     UserWarning,
                     stacklevel=3,
                 )
-            if tensor.dtype not in (torch.float32, torch.float64):
+            if dtype not in (torch.float32, torch.float64):
                 tensor = tensor.to(_metric_dtype())
             return tensor
         if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):

@@ -24,7 +24,6 @@ from gpulayer.trainer.precision import ScaledOptimizer
 class AutomaticOptimization:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
-        self.last_loss: torch.Tensor | None = None
         self._warned_none = False
         self._takes_batch_idx = takes_batch_idx(trainer.lightning_module.training_step)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
@@ -33,44 +32,54 @@ class AutomaticOptimization:
         parallel = trainer._data_parallel
         self._training_step = step if parallel is None else functools.partial(parallel.run, step)
         self._no_sync = contextlib.nullcontext if parallel is None else parallel.no_sync
+        step_context = trainer._precision.step_context
+        self._step_context = None if step_context is contextlib.nullcontext else step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
         self._clips = bool(trainer.args.gradient_clip_val) or is_overridden(
             "configure_gradient_clipping", trainer.lightning_module, Module
         )
+        # Only on_train_batch_end receives the outputs: without it they are not built (a detach per step).
+        self._returns_outputs = "on_train_batch_end" in trainer._hooks.active
 
-    def run(self, batch: Any, batch_idx: int, accumulate: bool) -> dict[str, Any]:
-        """One batch; returns the ``outputs`` that ``on_train_batch_end`` receives."""
+    def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
+        """One batch; returns the ``outputs`` that ``on_train_batch_end`` receives (None when nothing does) and
+        ``training_step``'s loss, for the log line (not detached: read only on the steps that print)."""
         trainer = self.trainer
-        hooks, args = trainer._hooks, trainer.args
+        hooks, args, active = trainer._hooks, trainer.args, trainer._hooks.active
         optimizer = trainer.optimizers[0]
         scaler = trainer._precision.scaler
-        result: list[Any] = [None, {}]
+        result: list[Any] = [None, {}, None]
 
         def closure() -> torch.Tensor | None:
+            """training_step, zero_grad and backward; on a stepping batch also what precedes the step."""
             step_args = (batch, batch_idx) if self._takes_batch_idx else (batch,)
-            with trainer._precision.step_context():
+            if self._step_context is None:
                 output = self._training_step(*step_args)
-            loss, extra = self._split(output)
-            self.last_loss = loss.detach() if loss is not None else None  # not the graph: it is freed at backward
+            else:
+                with self._step_context():
+                    output = self._training_step(*step_args)
+            step_loss, extra = (output, {}) if isinstance(output, torch.Tensor) else self._split(output)
+            loss = step_loss
             if loss is not None and args.accumulate_grad_batches > 1:
                 loss = loss / args.accumulate_grad_batches  # x / 1 == x: no division op when not accumulating
             if batch_idx % args.accumulate_grad_batches == 0:
-                hooks.callbacks("on_before_zero_grad", optimizer)
-                hooks.module("on_before_zero_grad", optimizer)
-                hooks.module("optimizer_zero_grad", trainer.current_epoch, batch_idx, optimizer)
+                if "on_before_zero_grad" in active:
+                    hooks.both("on_before_zero_grad", optimizer)
+                hooks.module("optimizer_zero_grad", trainer._epochs_completed, batch_idx, optimizer)
             if loss is not None:
                 backward_loss = scaler.scale(loss) if scaler is not None else loss
-                hooks.both("on_before_backward", backward_loss)
+                if "on_before_backward" in active:
+                    hooks.both("on_before_backward", backward_loss)
                 hooks.module("backward", backward_loss)
-                hooks.both("on_after_backward")
-            result[:] = [loss, extra]
-            return loss
-
-        def step_closure() -> torch.Tensor | None:
-            loss = closure()
+                if "on_after_backward" in active:
+                    hooks.both("on_after_backward")
+            result[:] = [loss, extra, step_loss]
+            if accumulate:
+                return loss
             if scaler is not None and loss is not None:
                 scaler.unscale_(optimizer)
-            hooks.both("on_before_optimizer_step", optimizer)
+            if "on_before_optimizer_step" in active:
+                hooks.both("on_before_optimizer_step", optimizer)
             if self._clips:
                 hooks.module(
                     "configure_gradient_clipping",
@@ -85,10 +94,12 @@ class AutomaticOptimization:
                 closure()
         else:
             stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
-            hooks.module("optimizer_step", trainer.current_epoch, batch_idx, stepper, step_closure)
+            hooks.module("optimizer_step", trainer._epochs_completed, batch_idx, stepper, closure)
             trainer._global_step += 1
-        loss, extra = result
-        return {} if loss is None else {"loss": loss.detach(), **extra}
+        loss, extra, step_loss = result
+        if not self._returns_outputs:
+            return None, step_loss
+        return ({} if loss is None else {"loss": loss.detach(), **extra}), step_loss
 
     def _split(self, output: Any) -> tuple[torch.Tensor | None, dict[str, Any]]:
         if isinstance(output, torch.Tensor):

@@ -197,8 +197,10 @@ class ResultCollection(dict):
         self.batch: Any = None
         self.batch_size: int | None = None
         self.dataloader_idx: int | None = None
+        self.by_call: dict[tuple, Metric] = {}  # by the arguments of a self.log call (see Module.log)
 
-    def log(self, meta: Meta, value: torch.Tensor, batch_size: int | None) -> None:
+    def metric(self, meta: Meta) -> Metric:
+        """The Metric that ``meta`` logs to, made at its first use; another ``meta`` for the same key is an error."""
         key = f"{meta.fx}.{meta.name}"
         if meta.add_dataloader_idx and meta.dataloader_idx is not None:
             key += f".{meta.dataloader_idx}"
@@ -207,7 +209,11 @@ class ResultCollection(dict):
             metric = self[key] = Metric(meta)
         elif metric.meta != meta:
             raise ValueError(f"self.log({meta.name!r}, ...) was called twice in {meta.fx} with different arguments")
-        metric.update(value, self._batch_size(meta, batch_size))
+        return metric
+
+    def log(self, metric: Metric, value: torch.Tensor, batch_size: int | None) -> None:
+        meta = metric.meta
+        metric.update(value, self._batch_size(meta, batch_size) if meta.on_epoch else 1)  # step values: unused
 
     def _batch_size(self, meta: Meta, batch_size: int | None) -> int:
         if batch_size is not None:

@@ -133,7 +133,7 @@ class Trainer:
         self._optimization: Any = None
         self._hooks: Any = None
         self._train_source: DataSource | None = None
-        self._batch_moves: bool | None = None  # decided at the first batch of each run (see _transfer)
+        self._batch_moves: bool | None = None  # decided once per run (see _transfers_batches)
         self._checkpoint_request: tuple[str | None, bool | None, bool] = (None, None, True)
         self.ckpt_path: str | None = None
         self.fit_loop = FitLoop(self)
@@ -269,15 +269,19 @@ class Trainer:
     # ---- per-batch plumbing ------------------------------------------------------------------------------------------
     def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's batch path: precision conversion, then the three transfer hooks (a DataModule's win)."""
-        if self._batch_moves is None:
-            self._batch_moves = self._batch_path_does_something()
-        if not self._batch_moves:
+        if not (self._batch_moves if self._batch_moves is not None else self._transfers_batches()):
             return batch
         batch = self._precision.convert_input(batch)
         owner = self.datamodule
         batch = self._transfer_hook("on_before_batch_transfer", owner, batch, dataloader_idx)
         batch = self._transfer_hook("transfer_batch_to_device", owner, batch, self._device, dataloader_idx)
         return self._transfer_hook("on_after_batch_transfer", owner, batch, dataloader_idx)
+
+    def _transfers_batches(self) -> bool:
+        """Whether ``_transfer`` changes batches this run (decided once per run)."""
+        if self._batch_moves is None:
+            self._batch_moves = self._batch_path_does_something()
+        return self._batch_moves
 
     def _batch_path_does_something(self) -> bool:
         """False on the CPU at full precision with no transfer hook overridden: every step then hands the batch

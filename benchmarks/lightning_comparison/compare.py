@@ -1,0 +1,273 @@
+"""GPUlayer against a raw PyTorch loop and Lightning 2.6, side by side: ``python compare.py [options]``.
+
+    nox -s bench                     # the full set: under 10 minutes on 2 cores; writes RESULTS.md, results.json,
+                                     # chart.png here and checks the baseline (tolerance 10%)
+    nox -s bench -- --quick          # under 2 minutes
+    nox -s bench_guard               # what CI runs: --quick, results in a temporary folder, tolerance 100%
+
+Runs ``rounds.py`` in one process and as DDP on 2 processes (gloo, under ``gpulayer launch``), and ``cold.py``
+three times per workload and variant (once, for the MLP only, with ``--quick``) for start-up time, import time
+and peak memory. Fails
+when a variant's final loss differs from the raw loop's (it did other work), or, with ``--guard``, when
+GPUlayer's time per step over the raw loop's has grown past the committed baseline by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
+WORKLOADS = ("mlp", "transformer", "cnn")
+PLACEMENTS = {"1 process": 1, "DDP, 2 processes": 2}
+LOSS_TOLERANCE = 1e-5  # relative: the same updates in the same order give the same loss
+DEADLINE_S = 900
+# Issue 7's targets: GPUlayer's time per step over the raw loop's, per workload and placement.
+TARGETS = {("mlp", 1): 1.03, ("cnn", 1): 1.01, ("mlp", 2): 1.05, ("transformer", 2): 1.05, ("cnn", 2): 1.05}
+IMPORT_TARGET_S, FIRST_STEP_TARGET_S = 0.1, 0.2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a quarter of the steps, 4 rounds, 1 cold start (MLP)")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md, results.json, chart.png")
+    parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
+    parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = {
+        "machine": _machine(),
+        "quick": args.quick,
+        "placements": {name: _rounds(world, args.quick, args.out) for name, world in PLACEMENTS.items()},
+        "cold": _cold_starts(args.quick),
+    }
+    results["seconds"] = round(time.monotonic() - started)
+    problems = _different_work(results)
+    ratios = _gpulayer_ratios(results)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "RESULTS.md").write_text(_report(results, ratios))
+    _chart(results, args.out / "chart.png")
+    print((args.out / "RESULTS.md").read_text())
+    if args.write_baseline:
+        (HERE / "baseline.json").write_text(json.dumps(ratios, indent=1, sort_keys=True) + "\n")
+    if args.guard is not None:
+        problems += _regressions(ratios, json.loads((HERE / "baseline.json").read_text()), args.guard)
+    if problems:
+        sys.exit("\n".join(problems))
+
+
+def _rounds(world_size: int, quick: bool, out: Path) -> dict:
+    target = out / f"rounds-{world_size}.json"
+    rounds = ["--rounds", "4" if quick else ("6" if world_size == 1 else "4"), *(["--quick"] if quick else [])]
+    command = [sys.executable, str(HERE / "rounds.py"), str(target), *rounds]
+    if world_size > 1:
+        command = [
+            sys.executable,
+            "-m",
+            "gpulayer.runtime",
+            "launch",
+            "--nproc-per-node",
+            str(world_size),
+            *command[1:],
+        ]
+    subprocess.run(command, check=True, timeout=DEADLINE_S, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=HERE)
+    data = json.loads(target.read_text())
+    target.unlink()
+    return data
+
+
+def _cold_starts(quick: bool) -> dict:
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for workload in WORKLOADS[:1] if quick else WORKLOADS:
+        runs[workload] = {variant: [] for variant in VARIANTS}
+        for _ in range(1 if quick else 3):
+            for variant in VARIANTS:
+                command = [sys.executable, str(HERE / "cold.py"), workload, variant, "20", repr(time.time())]
+                finished = subprocess.run(
+                    command, check=True, timeout=DEADLINE_S, capture_output=True, text=True, cwd=HERE,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                )  # fmt: skip
+                runs[workload][variant].append(json.loads(finished.stdout.splitlines()[-1]))
+    return runs
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _per_step(results: dict, placement: str, workload: str, variant: str) -> float:
+    return _median(results["placements"][placement][workload]["variants"][variant]["seconds_per_step"])
+
+
+def _ratio(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> float:
+    """The median over rounds of ``variant``'s time per step over ``to``'s in the same round: the two ran seconds
+    apart, so drift in the machine's speed (it moves by tens of percent on a shared 2-core runner) cancels."""
+    timings = results["placements"][placement][workload]["variants"]
+    pairs = zip(timings[variant]["seconds_per_step"], timings[to]["seconds_per_step"], strict=True)
+    return _median([mine / theirs for mine, theirs in pairs])
+
+
+def _gpulayer_ratios(results: dict) -> dict[str, float]:
+    return {
+        f"{placement} / {workload}": round(_ratio(results, placement, workload, "gpulayer"), 4)
+        for placement in PLACEMENTS
+        for workload in WORKLOADS
+    }
+
+
+def _different_work(results: dict) -> list[str]:
+    """A variant whose final loss differs from the raw loop's did different work: its timing means nothing."""
+    problems = []
+    for placement, workloads in results["placements"].items():
+        for workload, data in workloads.items():
+            expected = data["variants"]["raw"]["final_loss"][0]
+            for variant, timing in data["variants"].items():
+                for loss in timing["final_loss"]:
+                    if abs(loss - expected) > LOSS_TOLERANCE * max(1.0, abs(expected)):
+                        problems.append(f"{placement} / {workload}: {variant} ended at loss {loss}, raw at {expected}")
+    return problems
+
+
+def _regressions(ratios: dict[str, float], baseline: dict[str, float], tolerance: float) -> list[str]:
+    problems = []
+    for key, ratio in ratios.items():
+        allowed = baseline[key] * (1 + tolerance)
+        verdict = "REGRESSION" if ratio > allowed else "ok"
+        print(f"guard {key}: GPUlayer/raw {ratio:.3f}, baseline {baseline[key]:.3f}, allowed {allowed:.3f}: {verdict}")
+        if ratio > allowed:
+            problems.append(
+                f"regression in {key}: GPUlayer/raw {ratio:.3f} > {allowed:.3f} (baseline {baseline[key]:.3f})"
+            )
+    return problems
+
+
+def _machine() -> dict:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "gpulayer-trainer": version("gpulayer-trainer"),
+        "lightning": version("lightning"),
+        "threads per process": 1,
+    }
+
+
+def _report(results: dict, ratios: dict[str, float]) -> str:
+    machine = results["machine"]
+    lines = [
+        "# GPUlayer, a raw PyTorch loop and Lightning 2.6, side by side",
+        "",
+        "Written by `benchmarks/lightning_comparison/compare.py`"
+        + (" (`--quick`: a quarter of the steps, fewer rounds)" if results["quick"] else "")
+        + f" in {results['seconds']} s. "
+        + ", ".join(f"{key} {value}" for key, value in machine.items())
+        + ". Time per step is the median over interleaved rounds of the steady state (warm-up excluded); a ratio is"
+        " the median over rounds of the two variants' times in the same round. Every variant's final loss equals the"
+        " raw loop's, so each did the same work. Ratios compare runs on this machine only.",
+        "",
+    ]
+    for placement, world in PLACEMENTS.items():
+        for workload in WORKLOADS:
+            data = results["placements"][placement][workload]
+            lines += [
+                f"## {workload}, {placement} ({data['steps']} steps per fit)",
+                "",
+                "| variant | µs/step | to raw | to Lightning | final loss |",
+                "| --- | ---: | ---: | ---: | ---: |",
+            ]
+            for variant in VARIANTS:
+                per_step = _per_step(results, placement, workload, variant)
+                to_raw = _ratio(results, placement, workload, variant)
+                to_lightning = _ratio(results, placement, workload, variant, to="lightning")
+                loss = data["variants"][variant]["final_loss"][0]
+                lines.append(f"| {variant} | {per_step * 1e6:.1f} | {to_raw:.3f} | {to_lightning:.3f} | {loss:.6f} |")
+            target = TARGETS.get((workload, world))
+            if target is not None:
+                ratio = ratios[f"{placement} / {workload}"]
+                lines += [
+                    "",
+                    f"Target: GPUlayer at most {target} x raw; measured {ratio:.3f}: {_met(ratio <= target)}.",
+                ]
+            lines.append("")
+    lines += _cold_report(results["cold"])
+    return "\n".join(lines) + "\n"
+
+
+def _cold_report(cold: dict) -> list[str]:
+    lines = [
+        "## Cold start (one process, 20 steps; medians)",
+        "",
+        "| workload | variant | import torch s | framework import s | process start to end of first step s | peak RSS MB |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for workload, variants in cold.items():
+        for variant, runs in variants.items():
+            med = {key: _median([run[key] for run in runs]) for key in runs[0]}
+            lines.append(
+                f"| {workload} | {variant} | {med['import_torch_s']:.3f} | {med['import_framework_s']:.3f} | "
+                f"{med['first_step_s']:.3f} | {med['peak_rss_mb']:.0f} |"
+            )
+    gpulayer_import = _median([run["import_framework_s"] for w in cold.values() for run in w["gpulayer"]])
+    first_step_gap = max(
+        _median([r["first_step_s"] for r in w["gpulayer"]]) - _median([r["first_step_s"] for r in w["raw"]])
+        for w in cold.values()
+    )
+    return [
+        *lines,
+        "",
+        f"Target: `import gpulayer.trainer` adds at most {IMPORT_TARGET_S} s to `import torch`; measured "
+        f"{gpulayer_import:.3f} s: {_met(gpulayer_import <= IMPORT_TARGET_S)}.",
+        "",
+        f"Target: the first step ends at most {FIRST_STEP_TARGET_S} s after the raw loop's; measured at most "
+        f"{first_step_gap:+.3f} s: {_met(first_step_gap <= FIRST_STEP_TARGET_S)}.",
+        "",
+        "![time per step relative to the raw loop](chart.png)",
+    ]
+
+
+def _met(met: bool) -> str:
+    return "met" if met else "**missed**"
+
+
+def _chart(results: dict, path: Path) -> None:
+    """One PNG: time per step over the raw loop's, per workload, placement and variant (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no chart: matplotlib is not installed (nox -s bench installs it)", file=sys.stderr)
+        return
+    groups = [(placement, workload) for placement in PLACEMENTS for workload in WORKLOADS]
+    figure, axes = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(VARIANTS)
+    for index, variant in enumerate(VARIANTS):
+        ratios = [_ratio(results, placement, workload, variant) for placement, workload in groups]
+        axes.bar([g + index * width for g in range(len(groups))], ratios, width, label=variant)
+    axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    axes.set_xticklabels([f"{workload}\n{placement}" for placement, workload in groups])
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_ylabel("time per step / raw loop's")
+    axes.set_title("Time per step relative to a hand-written PyTorch loop (lower is better)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

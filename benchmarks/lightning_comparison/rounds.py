@@ -1,0 +1,59 @@
+"""Timed rounds in one placement: ``python rounds.py OUT.json [--quick] [--rounds R] [--workloads ...]``.
+
+In one process, or on every rank of a DDP job (run under ``gpulayer launch``; rank 0 writes OUT.json). For each
+workload: one short, untimed warm-up fit per variant, then ``rounds`` rounds in which every variant trains once, in
+the order of the variants and then in reverse, so that drift in the machine reaches all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from variants import VARIANTS, Clock, train
+from workloads import WORKLOADS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")  # the launcher's; every variant's DDP joins it
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    variants = args.variants.split(",")
+    results: dict[str, dict] = {}
+    for name in args.workloads.split(","):
+        workload = WORKLOADS[name]
+        steps = workload.steps // 4 if args.quick else workload.steps
+        batches = workload.batches(steps, rank, world_size)
+        for variant in variants:  # warm-up: first-time costs (lazy imports, allocator, autograd) are not timed
+            train(variant, workload, batches[: max(10, len(batches) // 4)], distributed)
+        timings: dict[str, dict[str, list[float]]] = {v: {"seconds_per_step": [], "final_loss": []} for v in variants}
+        for round_index in range(args.rounds):
+            # ABBA: forwards, then backwards, so every variant runs next to the raw loop's twice in two rounds and a
+            # steady drift in the machine's speed cancels in the per-round ratios.
+            for variant in variants if round_index % 2 == 0 else variants[::-1]:
+                clock = Clock(len(batches))
+                loss = train(variant, workload, batches, distributed, clock)
+                timings[variant]["seconds_per_step"].append(clock.seconds_per_step())
+                timings[variant]["final_loss"].append(loss)
+        results[name] = {"steps": steps, "world_size": world_size, "variants": timings}
+    if rank == 0:
+        with open(args.out, "w") as out:
+            json.dump(results, out, indent=1)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

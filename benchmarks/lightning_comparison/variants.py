@@ -1,0 +1,126 @@
+"""The variants, each training a workload for a number of steps and timing its steady state the same way.
+
+Every variant calls ``clock.tick(i)`` at the start of step ``i``. The clock keeps the time of two steps, the
+first after warm-up and the last, so setup, warm-up and teardown are left out and each variant's figure is its
+time per step while training. All variants take the same batches in the same order with SGD.
+
+- ``raw``: the loop a PyTorch user writes by hand (under DDP: the model wrapped in DistributedDataParallel);
+- ``gpulayer``: GPUlayer's Trainer without logger or checkpoints, as the raw loop writes no files;
+- ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
+- ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import torch
+from workloads import Workload
+
+VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
+
+
+class Clock:
+    """The time at the start of two steps: ``first`` (after warm-up) and ``last``."""
+
+    def __init__(self, steps: int) -> None:
+        self.first, self.last = max(2, steps // 10), steps - 1
+        self.marks: list[float] = []
+
+    def tick(self, step: int) -> None:
+        if step == self.first or step == self.last:
+            self.marks.append(time.perf_counter())
+
+    def seconds_per_step(self) -> float:
+        start, end = self.marks
+        return (end - start) / (self.last - self.first)
+
+
+class FirstStepClock(Clock):
+    """The wall-clock time (``time.time``) at which the first step has ended, i.e. the second one starts."""
+
+    def tick(self, step: int) -> None:
+        if step == 1:
+            self.marks.append(time.time())
+
+
+def train(variant: str, workload: Workload, batches: list, distributed: bool, clock: Clock | None = None) -> float:
+    """One fit with ``variant``; ``clock`` (default: a new ``Clock``) holds its timings. Returns the final loss."""
+    clock = clock if clock is not None else Clock(len(batches))
+    if variant == "raw":
+        net = _raw(workload, batches, clock, distributed)
+    else:
+        net = _trainer(variant, workload, batches, clock, distributed)
+    return workload.final_loss(net, batches)
+
+
+def _raw(workload: Workload, batches: list, clock: Clock, distributed: bool) -> torch.nn.Module:
+    net = workload.seeded_net()
+    model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
+    optimizer = torch.optim.SGD(net.parameters(), lr=workload.lr)
+    for step, (inputs, targets) in enumerate(torch.utils.data.DataLoader(batches, batch_size=None)):
+        clock.tick(step)
+        optimizer.zero_grad()
+        loss = workload.loss(model, (inputs, targets))
+        loss.backward()
+        optimizer.step()
+    return net
+
+
+def _trainer(variant: str, workload: Workload, batches: list, clock: Clock, distributed: bool) -> torch.nn.Module:
+    if variant == "gpulayer":
+        from gpulayer.trainer import Module, Trainer
+
+        options: dict[str, Any] = {"logger": False, "enable_checkpointing": False}
+    else:
+        from lightning.pytorch import LightningModule as Module
+        from lightning.pytorch import Trainer
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False", tips
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*LeafSpec.*")  # torch deprecates an isinstance check Lightning makes
+        lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+        options = {**lean, "enable_model_summary": False} if variant == "lightning" else {}
+
+    class Bench(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = workload.seeded_net()
+
+        def training_step(self, batch, batch_idx):
+            clock.tick(batch_idx)
+            loss = workload.loss(self.net, batch)
+            self.log("loss", loss)  # as a real module does
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=workload.lr)
+
+    model = Bench()
+    with tempfile.TemporaryDirectory() as root, _quiet():
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1,
+            max_epochs=1,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,  # each rank's batches are already its own
+            default_root_dir=root,
+            **options,
+        )
+        trainer.fit(model, torch.utils.data.DataLoader(batches, batch_size=None))
+    if trainer.global_step != len(batches):
+        raise RuntimeError(f"{variant} ran {trainer.global_step} steps, not {len(batches)}")
+    return model.net
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Progress bars and log lines go nowhere: their cost is measured, their output is not wanted."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield

@@ -1,0 +1,119 @@
+"""The three workloads: the same model, data, loss and optimizer for every variant.
+
+- ``mlp``: an MLP 32 -> 32 -> 1 on batches of 16; a step costs almost nothing, so the trainer's own cost shows.
+- ``transformer``: a 2-layer causal transformer language model on synthetic tokens (vocabulary 128, 32 tokens).
+- ``cnn``: a small convolutional network on 32 x 32 RGB images in batches of 16; the step's compute dominates.
+
+Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    steps: int  # per fit, in a full run; a quick run takes a quarter
+    make_net: Callable[[], nn.Module]
+    make_batches: Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]
+    loss: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
+    lr: float
+
+    def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.make_batches(steps * world_size)[rank::world_size]
+
+    def seeded_net(self) -> nn.Module:
+        torch.manual_seed(SEED)  # the same initial weights in every variant
+        return self.make_net()
+
+    def final_loss(self, net: nn.Module, batches: list) -> float:
+        """The trained model's mean loss over the batches: equal losses mean the variants did the same updates."""
+        with torch.no_grad():
+            return torch.stack([self.loss(net, batch) for batch in batches]).mean().item()
+
+
+def _mlp_batches(count: int) -> list:
+    generator = torch.Generator().manual_seed(SEED)
+    x = torch.randn(count * 16, 32, generator=generator)
+    y = x.sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(count * 16, 1, generator=generator)
+    return list(zip(x.split(16), y.split(16), strict=True))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def _regression_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
+    return F.mse_loss(net(batch[0]), batch[1])
+
+
+VOCAB, CONTEXT, WIDTH = 128, 32, 64
+
+
+class _LanguageModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.position = nn.Parameter(torch.randn(CONTEXT, WIDTH) * 0.02)
+        layer = nn.TransformerEncoderLayer(WIDTH, nhead=4, dim_feedforward=4 * WIDTH, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(WIDTH, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(CONTEXT), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(tokens) + self.position
+        return self.head(self.blocks(hidden, mask=self.mask, is_causal=True))
+
+
+def _token_batches(count: int) -> list:
+    """Sequences that follow a fixed random successor table with some noise: learnable, made in memory."""
+    generator = torch.Generator().manual_seed(SEED)
+    table = torch.randint(VOCAB, (VOCAB,), generator=generator)
+    tokens = torch.empty(count * 8, CONTEXT + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(VOCAB, (count * 8,), generator=generator)
+    for position in range(1, CONTEXT + 1):
+        noise = torch.randint(VOCAB, (count * 8,), generator=generator)
+        keep = torch.rand(count * 8, generator=generator) < 0.8
+        tokens[:, position] = torch.where(keep, table[tokens[:, position - 1]], noise)
+    return [(chunk[:, :-1], chunk[:, 1:]) for chunk in tokens.split(8)]
+
+
+def _language_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
+    logits = net(batch[0])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), batch[1].reshape(-1))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+def _image_batches(count: int) -> list:
+    generator = torch.Generator().manual_seed(SEED)
+    images = torch.randn(count * 16, 3, 32, 32, generator=generator)
+    labels = (images[:, 0].mean(dim=(1, 2)) > 0).long() + 2 * (images[:, 1].mean(dim=(1, 2)) > 0).long()
+    return list(zip(images.split(16), labels.split(16), strict=True))
+
+
+def _classification_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
+    return F.cross_entropy(net(batch[0]), batch[1])
+
+
+WORKLOADS = {
+    "mlp": Workload("mlp", 2000, _mlp, _mlp_batches, _regression_loss, 0.01),
+    "transformer": Workload("transformer", 200, _LanguageModel, _token_batches, _language_loss, 0.05),
+    "cnn": Workload("cnn", 60, _cnn, _image_batches, _classification_loss, 0.05),
+}

@@ -178,6 +178,8 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         "placed_by": getattr(getattr(trainer, "_placement", None), "source", None),  # GPUlayer only
     }
     torch.save(record, out / f"rank{trainer.global_rank}.pt")
+    if torch.distributed.is_initialized():  # Lightning leaves its gloo group to the exit, which can abort the process
+        torch.distributed.destroy_process_group()
 
 
 def _now() -> float:

@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
     parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the rounds run in this folder, so a relative --out would point elsewhere
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = {

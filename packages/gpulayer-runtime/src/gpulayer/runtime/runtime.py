@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from gpulayer.runtime import collectives
+from gpulayer.runtime import clean_exit, collectives
 from gpulayer.runtime.placement import Placement
 
 
@@ -122,11 +121,8 @@ class Runtime:
             device_id=placement.device if placement.accelerator == "cuda" else None,
         )
         self._owns_group = True
-        if placement.backend == "gloo":
-            # A gloo group still alive when the interpreter exits can abort the process ("terminate called without
-            # an active exception") while its threads are torn down: close it first. NCCL groups are left to the
-            # process's exit (see __exit__).
-            atexit.register(self.close)
+        if placement.backend == "gloo":  # NCCL groups are left to the process's exit (see __exit__)
+            clean_exit.close_at_clean_exit(self.close)
 
 
 def _as_timedelta(timeout: timedelta | float | None) -> timedelta | None:

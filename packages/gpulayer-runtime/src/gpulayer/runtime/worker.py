@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from gpulayer.runtime import clean_exit
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -32,7 +34,11 @@ def die_with_parent() -> None:
 def run_callable(target: Callable[..., Any], *args: Any) -> Any:
     """Entry point for callable targets; torch wraps it in ``record`` itself."""
     die_with_parent()
-    return target(*args)
+    try:
+        return target(*args)
+    except BaseException:
+        clean_exit.mark_failed()  # torch's spawn wrapper catches the error, so excepthook never sees it
+        raise
 
 
 def run_script(argv: list[str]) -> None:

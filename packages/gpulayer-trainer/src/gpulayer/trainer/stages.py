@@ -44,7 +44,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
             with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
                 result = loop.run()
     except BaseException as error:
-        trainer._data_parallel = None
+        _release_data_parallel(trainer)
         trainer._logger_rows.finalize("failed")
         trainer._hooks.on_exception(error)
         if datamodule is not None:
@@ -53,7 +53,7 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
-    trainer._data_parallel = None
+    _release_data_parallel(trainer)
     _to_cpu(trainer, module)
     trainer._logger_rows.finalize("success")
     if stage == "fit":
@@ -63,6 +63,11 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
     hooks.callbacks("teardown", stage)
     hooks.module("teardown", stage)
     return result
+
+
+def _release_data_parallel(trainer: Any) -> None:
+    """Drop DDP and the step that runs inside it, so their gradient buckets are freed once the stage ends."""
+    trainer._data_parallel = trainer._optimization = None
 
 
 _REMOVED_HOOKS = {

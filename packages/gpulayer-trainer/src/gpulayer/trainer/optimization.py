@@ -40,6 +40,11 @@ class AutomaticOptimization:
         )
         # Only on_train_batch_end receives the outputs: without it they are not built (a detach per step).
         self._returns_outputs = "on_train_batch_end" in trainer._hooks.active
+        # The step hooks a module does not override are their defaults, run directly: a hook call less each.
+        module = trainer.lightning_module
+        self._own_zero_grad, self._own_backward, self._own_step = (
+            is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "backward", "optimizer_step")
+        )
 
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
         """One batch; returns the ``outputs`` that ``on_train_batch_end`` receives (None when nothing does) and
@@ -65,12 +70,18 @@ class AutomaticOptimization:
             if batch_idx % args.accumulate_grad_batches == 0:
                 if "on_before_zero_grad" in active:
                     hooks.both("on_before_zero_grad", optimizer)
-                hooks.module("optimizer_zero_grad", trainer._epochs_completed, batch_idx, optimizer)
+                if self._own_zero_grad:
+                    hooks.module("optimizer_zero_grad", trainer._epochs_completed, batch_idx, optimizer)
+                else:
+                    optimizer.zero_grad()
             if loss is not None:
                 backward_loss = scaler.scale(loss) if scaler is not None else loss
                 if "on_before_backward" in active:
                     hooks.both("on_before_backward", backward_loss)
-                hooks.module("backward", backward_loss)
+                if self._own_backward:
+                    hooks.module("backward", backward_loss)
+                else:
+                    backward_loss.backward()
                 if "on_after_backward" in active:
                     hooks.both("on_after_backward")
             result[:] = [loss, extra, step_loss]
@@ -94,7 +105,10 @@ class AutomaticOptimization:
                 closure()
         else:
             stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
-            hooks.module("optimizer_step", trainer._epochs_completed, batch_idx, stepper, closure)
+            if self._own_step:
+                hooks.module("optimizer_step", trainer._epochs_completed, batch_idx, stepper, closure)
+            else:
+                stepper.step(closure=closure)
             trainer._global_step += 1
         loss, extra, step_loss = result
         if not self._returns_outputs:

@@ -5,11 +5,13 @@
     nox -s bench -- --quick          # under 2 minutes
     nox -s bench_guard               # what CI runs: --quick, results in a temporary folder, tolerance 100%
 
-Runs ``rounds.py`` in one process and as DDP on 2 processes (gloo, under ``gpulayer launch``), and ``cold.py``
-three times per workload and variant (once, for the MLP only, with ``--quick``) for start-up time, import time
-and peak memory. Fails
-when a variant's final loss differs from the raw loop's (it did other work), or, with ``--guard``, when
-GPUlayer's time per step over the raw loop's has grown past the committed baseline by more than the tolerance.
+Runs ``rounds.py`` in one process and as DDP on 2 processes (gloo, under ``gpulayer launch``), then, where CUDA
+is available (and without ``--no-cuda``), in one process on one GPU at ``32-true`` and at ``bf16-mixed``; and
+``cold.py`` three times per workload and variant (once, for the MLP only, with ``--quick``) for start-up time,
+import time and peak memory. Fails when a variant's final loss differs from the raw loop's (it did other work), or,
+with ``--guard``, when GPUlayer's time per step over the raw loop's has grown past the committed baseline by more
+than the tolerance (ratios the baseline does not hold, such as the GPU's on a baseline from a CPU machine, are not
+guarded).
 """
 
 from __future__ import annotations
@@ -22,17 +24,41 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
 WORKLOADS = ("mlp", "transformer", "cnn")
-PLACEMENTS = {"1 process": 1, "DDP, 2 processes": 2}
-LOSS_TOLERANCE = 1e-5  # relative: the same updates in the same order give the same loss
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one set of rounds runs."""
+
+    processes: int
+    device: str = "cpu"
+    precision: str = "32-true"
+
+
+PLACEMENTS = {"1 process": Placement(1), "DDP, 2 processes": Placement(2)}
+CUDA_PLACEMENTS = {"1 GPU, 32-true": Placement(1, "cuda"), "1 GPU, bf16-mixed": Placement(1, "cuda", "bf16-mixed")}
+# Relative tolerances on a final loss against the raw loop's. On the CPU the same updates in the same order give the
+# same loss; CUDA kernels may add in another order from one run to the next (atomics), and under bf16 autocast such
+# a difference can flip a rounding to bf16's 8 bits of mantissa.
+LOSS_TOLERANCE = 1e-5
+CUDA_LOSS_TOLERANCE = 1e-4
+BF16_LOSS_TOLERANCE = 1e-2
 DEADLINE_S = 900
 # Issue 7's targets: GPUlayer's time per step over the raw loop's, per workload and placement.
-TARGETS = {("mlp", 1): 1.03, ("cnn", 1): 1.01, ("mlp", 2): 1.05, ("transformer", 2): 1.05, ("cnn", 2): 1.05}
+TARGETS = {
+    ("mlp", "1 process"): 1.03,
+    ("cnn", "1 process"): 1.01,
+    ("mlp", "DDP, 2 processes"): 1.05,
+    ("transformer", "DDP, 2 processes"): 1.05,
+    ("cnn", "DDP, 2 processes"): 1.05,
+}
 IMPORT_TARGET_S, FIRST_STEP_TARGET_S = 0.1, 0.2
 
 
@@ -42,14 +68,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md, results.json, chart.png")
     parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
     parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
+    parser.add_argument("--no-cuda", action="store_true", help="skip the GPU rows even where CUDA is available")
     args = parser.parse_args()
     args.out = args.out.resolve()  # the rounds run in this folder, so a relative --out would point elsewhere
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    cuda_skipped = _cuda_skipped(args.no_cuda)
+    placements = PLACEMENTS if cuda_skipped else {**PLACEMENTS, **CUDA_PLACEMENTS}
     results = {
-        "machine": _machine(),
+        "machine": _machine(cuda=not cuda_skipped),
         "quick": args.quick,
-        "placements": {name: _rounds(world, args.quick, args.out) for name, world in PLACEMENTS.items()},
+        "cuda_skipped": cuda_skipped,
+        "placements": {name: _rounds(placement, args.quick, args.out) for name, placement in placements.items()},
         "cold": _cold_starts(args.quick),
     }
     results["seconds"] = round(time.monotonic() - started)
@@ -67,18 +97,29 @@ def main() -> None:
         sys.exit("\n".join(problems))
 
 
-def _rounds(world_size: int, quick: bool, out: Path) -> dict:
-    target = out / f"rounds-{world_size}.json"
-    rounds = ["--rounds", "4" if quick else ("6" if world_size == 1 else "4"), *(["--quick"] if quick else [])]
-    command = [sys.executable, str(HERE / "rounds.py"), str(target), *rounds]
-    if world_size > 1:
+def _cuda_skipped(no_cuda: bool) -> str | None:
+    """Why the GPU rows do not run, or ``None`` when they do."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU on this machine"
+    return "--no-cuda" if no_cuda else None
+
+
+def _rounds(placement: Placement, quick: bool, out: Path) -> dict:
+    target = out / f"rounds-{placement.processes}-{placement.device}-{placement.precision}.json"
+    long_run = placement.processes == 1 and placement.device == "cpu"
+    rounds = ["--rounds", "6" if long_run and not quick else "4", *(["--quick"] if quick else [])]
+    setting = ["--device", placement.device, "--precision", placement.precision]
+    command = [sys.executable, str(HERE / "rounds.py"), str(target), *rounds, *setting]
+    if placement.processes > 1:
         command = [
             sys.executable,
             "-m",
             "gpulayer.runtime",
             "launch",
             "--nproc-per-node",
-            str(world_size),
+            str(placement.processes),
             *command[1:],
         ]
     subprocess.run(command, check=True, timeout=DEADLINE_S, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=HERE)
@@ -121,9 +162,15 @@ def _ratio(results: dict, placement: str, workload: str, variant: str, to: str =
 def _gpulayer_ratios(results: dict) -> dict[str, float]:
     return {
         f"{placement} / {workload}": round(_ratio(results, placement, workload, "gpulayer"), 4)
-        for placement in PLACEMENTS
+        for placement in results["placements"]
         for workload in WORKLOADS
     }
+
+
+def _loss_tolerance(device: str, precision: str) -> float:
+    if precision == "bf16-mixed":
+        return BF16_LOSS_TOLERANCE
+    return CUDA_LOSS_TOLERANCE if device == "cuda" else LOSS_TOLERANCE
 
 
 def _different_work(results: dict) -> list[str]:
@@ -132,9 +179,10 @@ def _different_work(results: dict) -> list[str]:
     for placement, workloads in results["placements"].items():
         for workload, data in workloads.items():
             expected = data["variants"]["raw"]["final_loss"][0]
+            tolerance = _loss_tolerance(data["device"], data["precision"])
             for variant, timing in data["variants"].items():
                 for loss in timing["final_loss"]:
-                    if abs(loss - expected) > LOSS_TOLERANCE * max(1.0, abs(expected)):
+                    if abs(loss - expected) > tolerance * max(1.0, abs(expected)):
                         problems.append(f"{placement} / {workload}: {variant} ended at loss {loss}, raw at {expected}")
     return problems
 
@@ -142,6 +190,9 @@ def _different_work(results: dict) -> list[str]:
 def _regressions(ratios: dict[str, float], baseline: dict[str, float], tolerance: float) -> list[str]:
     problems = []
     for key, ratio in ratios.items():
+        if key not in baseline:
+            print(f"guard {key}: GPUlayer/raw {ratio:.3f}, no baseline: not guarded")
+            continue
         allowed = baseline[key] * (1 + tolerance)
         verdict = "REGRESSION" if ratio > allowed else "ok"
         print(f"guard {key}: GPUlayer/raw {ratio:.3f}, baseline {baseline[key]:.3f}, allowed {allowed:.3f}: {verdict}")
@@ -152,10 +203,10 @@ def _regressions(ratios: dict[str, float], baseline: dict[str, float], tolerance
     return problems
 
 
-def _machine() -> dict:
+def _machine(cuda: bool) -> dict:
     import torch
 
-    return {
+    machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -165,6 +216,19 @@ def _machine() -> dict:
         "lightning": version("lightning"),
         "threads per process": 1,
     }
+    if cuda:
+        machine |= {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda, "driver": _driver_version()}
+    return machine
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version from ``nvidia-smi``; ``"unknown"`` where it is missing or fails."""
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        versions = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return versions[0] if versions else "unknown"
 
 
 def _report(results: dict, ratios: dict[str, float]) -> str:
@@ -178,10 +242,14 @@ def _report(results: dict, ratios: dict[str, float]) -> str:
         + ", ".join(f"{key} {value}" for key, value in machine.items())
         + ". Time per step is the median over interleaved rounds of the steady state (warm-up excluded); a ratio is"
         " the median over rounds of the two variants' times in the same round. Every variant's final loss equals the"
-        " raw loop's, so each did the same work. Ratios compare runs on this machine only.",
+        f" raw loop's (relative tolerance {LOSS_TOLERANCE:.0e} on the CPU, {CUDA_LOSS_TOLERANCE:.0e} on a GPU at"
+        f" 32-true, {BF16_LOSS_TOLERANCE:.0e} at bf16-mixed), so each did the same work. Ratios compare runs on this"
+        " machine only.",
         "",
     ]
-    for placement, world in PLACEMENTS.items():
+    if results["cuda_skipped"]:
+        lines += [f"CUDA rows: skipped, {results['cuda_skipped']}", ""]
+    for placement in results["placements"]:
         for workload in WORKLOADS:
             data = results["placements"][placement][workload]
             lines += [
@@ -196,7 +264,7 @@ def _report(results: dict, ratios: dict[str, float]) -> str:
                 to_lightning = _ratio(results, placement, workload, variant, to="lightning")
                 loss = data["variants"][variant]["final_loss"][0]
                 lines.append(f"| {variant} | {per_step * 1e6:.1f} | {to_raw:.3f} | {to_lightning:.3f} | {loss:.6f} |")
-            target = TARGETS.get((workload, world))
+            target = TARGETS.get((workload, placement))
             if target is not None:
                 ratio = ratios[f"{placement} / {workload}"]
                 lines += [
@@ -254,8 +322,8 @@ def _chart(results: dict, path: Path) -> None:
     except ImportError:
         print("no chart: matplotlib is not installed (nox -s bench installs it)", file=sys.stderr)
         return
-    groups = [(placement, workload) for placement in PLACEMENTS for workload in WORKLOADS]
-    figure, axes = plt.subplots(figsize=(10, 4.5))
+    groups = [(placement, workload) for placement in results["placements"] for workload in WORKLOADS]
+    figure, axes = plt.subplots(figsize=(1.7 * len(groups), 4.5))
     width = 0.8 / len(VARIANTS)
     for index, variant in enumerate(VARIANTS):
         ratios = [_ratio(results, placement, workload, variant) for placement, workload in groups]

@@ -2,7 +2,9 @@
 
 Every variant calls ``clock.tick(i)`` at the start of step ``i``. The clock keeps the time of two steps, the
 first after warm-up and the last, so setup, warm-up and teardown are left out and each variant's figure is its
-time per step while training. All variants take the same batches in the same order with SGD.
+time per step while training. All variants take the same batches in the same order with SGD, on the same device
+(``cpu`` or ``cuda``) at the same precision (``32-true``, or ``bf16-mixed``: bf16 autocast around the forward pass
+and the loss, fp32 weights, no gradient scaler). The batches start on the CPU and each variant moves them.
 
 - ``raw``: the loop a PyTorch user writes by hand (under DDP: the model wrapped in DistributedDataParallel);
 - ``gpulayer``: GPUlayer's Trainer without logger or checkpoints, as the raw loop writes no files;
@@ -27,14 +29,21 @@ VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
 
 
 class Clock:
-    """The time at the start of two steps: ``first`` (after warm-up) and ``last``."""
+    """The time at the start of two steps: ``first`` (after warm-up) and ``last``.
 
-    def __init__(self, steps: int) -> None:
+    On CUDA it waits for the queued kernels at those two marks only: a wait on every step would time a loop that
+    never lets the CPU run ahead of the GPU.
+    """
+
+    def __init__(self, steps: int, device: str = "cpu") -> None:
         self.first, self.last = max(2, steps // 10), steps - 1
         self.marks: list[float] = []
+        self._synchronize = torch.cuda.synchronize if device == "cuda" else None
 
     def tick(self, step: int) -> None:
         if step == self.first or step == self.last:
+            if self._synchronize is not None:
+                self._synchronize()
             self.marks.append(time.perf_counter())
 
     def seconds_per_step(self) -> float:
@@ -50,30 +59,47 @@ class FirstStepClock(Clock):
             self.marks.append(time.time())
 
 
-def train(variant: str, workload: Workload, batches: list, distributed: bool, clock: Clock | None = None) -> float:
+def train(
+    variant: str,
+    workload: Workload,
+    batches: list,
+    distributed: bool,
+    clock: Clock | None = None,
+    device: str = "cpu",
+    precision: str = "32-true",
+) -> float:
     """One fit with ``variant``; ``clock`` (default: a new ``Clock``) holds its timings. Returns the final loss."""
-    clock = clock if clock is not None else Clock(len(batches))
+    clock = clock if clock is not None else Clock(len(batches), device)
     if variant == "raw":
-        net = _raw(workload, batches, clock, distributed)
+        net = _raw(workload, batches, clock, distributed, device, precision)
     else:
-        net = _trainer(variant, workload, batches, clock, distributed)
-    return workload.final_loss(net, batches)
+        net = _trainer(variant, workload, batches, clock, distributed, device, precision)
+    return workload.final_loss(net, batches, device)
 
 
-def _raw(workload: Workload, batches: list, clock: Clock, distributed: bool) -> torch.nn.Module:
-    net = workload.seeded_net()
+def _raw(
+    workload: Workload, batches: list, clock: Clock, distributed: bool, device: str, precision: str
+) -> torch.nn.Module:
+    net = workload.seeded_net().to(device)
     model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.SGD(net.parameters(), lr=workload.lr)
+    mixed = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+    moves = device != "cpu"  # as the trainers: they move each batch on CUDA and hand it on as it is on the CPU
     for step, (inputs, targets) in enumerate(torch.utils.data.DataLoader(batches, batch_size=None)):
         clock.tick(step)
+        if moves:
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         optimizer.zero_grad()
-        loss = workload.loss(model, (inputs, targets))
+        with mixed:
+            loss = workload.loss(model, (inputs, targets))
         loss.backward()
         optimizer.step()
     return net
 
 
-def _trainer(variant: str, workload: Workload, batches: list, clock: Clock, distributed: bool) -> torch.nn.Module:
+def _trainer(
+    variant: str, workload: Workload, batches: list, clock: Clock, distributed: bool, device: str, precision: str
+) -> torch.nn.Module:
     if variant == "gpulayer":
         from gpulayer.trainer import Module, Trainer
 
@@ -83,6 +109,7 @@ def _trainer(variant: str, workload: Workload, batches: list, clock: Clock, dist
         from lightning.pytorch import Trainer
 
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False", tips
+        logging.getLogger("lightning.fabric").setLevel(logging.ERROR)  # the tip to enable TF32 on CUDA
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")  # torch deprecates an isinstance check Lightning makes
         lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
@@ -105,8 +132,12 @@ def _trainer(variant: str, workload: Workload, batches: list, clock: Clock, dist
     model = Bench()
     with tempfile.TemporaryDirectory() as root, _quiet():
         trainer = Trainer(
-            accelerator="cpu",
+            accelerator=device,
             devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1,
+            precision=precision,
+            # cuDNN autotuning is process-wide, and GPUlayer turns it on for fits of 1,000 steps or more: off for all,
+            # every variant runs the same convolution kernels.
+            benchmark=False,
             max_epochs=1,
             num_sanity_val_steps=0,
             use_distributed_sampler=False,  # each rank's batches are already its own

@@ -35,10 +35,12 @@ class Workload:
         torch.manual_seed(SEED)  # the same initial weights in every variant
         return self.make_net()
 
-    def final_loss(self, net: nn.Module, batches: list) -> float:
-        """The trained model's mean loss over the batches: equal losses mean the variants did the same updates."""
+    def final_loss(self, net: nn.Module, batches: list, device: str = "cpu") -> float:
+        """The trained model's mean loss over the batches, in fp32 on ``device``: equal losses mean the variants did
+        the same updates."""
+        net = net.to(device)  # the trainers hand the model back on the CPU, as Lightning does
         with torch.no_grad():
-            return torch.stack([self.loss(net, batch) for batch in batches]).mean().item()
+            return torch.stack([self.loss(net, tuple(t.to(device) for t in batch)) for batch in batches]).mean().item()
 
 
 def _mlp_batches(count: int) -> list:

@@ -14,7 +14,7 @@ BAD = [
     ({"devices": [0, 1]}, TypeError, "devices=[0, 1]"),
     ({"devices": 2, "strategy": "single_device"}, ValueError, "strategy='single_device'"),
     ({"strategy": "ddp_spawn"}, ValueError, "strategy='ddp_spawn'"),
-    ({"strategy": "fsdp"}, NotImplementedError, "gpulayer-fsdp"),
+    ({"strategy": "fsdp"}, ValueError, "strategy='fsdp'"),  # one process, or gpulayer-fsdp not installed
     ({"strategy": 3}, ValueError, "strategy=3"),
     ({"num_nodes": 0}, ValueError, "num_nodes=0"),
     ({"precision": "fp16"}, ValueError, "precision='fp16'"),

@@ -63,3 +63,18 @@ def test_several_nodes_by_hand_need_lightnings_variables(monkeypatch):
     assert _node_arguments(2) == [
         "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static", "--rdzv-endpoint", "head:29400",
     ]  # fmt: skip
+
+
+def test_a_published_strategy_that_is_not_installed_names_its_distribution(monkeypatch):
+    from gpulayer.trainer import strategy
+
+    monkeypatch.setattr(strategy, "registered_strategies", dict)
+    with pytest.raises(
+        ValueError, match=r"strategy='fsdp' needs the gpulayer-fsdp distribution.*pip install gpulayer-fsdp"
+    ):
+        Trainer(strategy="fsdp", logger=False)
+
+
+def test_an_unknown_strategy_lists_the_accepted_names():
+    with pytest.raises(ValueError, match=r"strategy='zero3': accepted values are 'auto', .*'fsdp'"):
+        Trainer(strategy="zero3", logger=False)

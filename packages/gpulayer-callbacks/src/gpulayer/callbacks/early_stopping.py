@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import warnings
 from collections.abc import Callable
 from enum import Enum
@@ -52,8 +53,9 @@ class EarlyStopping(Callback):
         check_on_train_epoch_end: bool | None = None,
         log_rank_zero_only: bool = False,
     ) -> None:
-        if mode not in self.mode_dict:
+        if mode not in self.mode_dict:  # Lightning's message, word for word
             raise ValueError(f"`mode` can be {', '.join(self.mode_dict.keys())}, got {mode}")
+        _check_arguments(monitor, min_delta, patience, stopping_threshold, divergence_threshold)
         self.monitor = monitor
         self.patience = patience
         self.verbose = verbose
@@ -196,6 +198,18 @@ class EarlyStopping(Callback):
             log.info(message)
         elif not self.log_rank_zero_only or rank == 0:
             log.info(f"[rank: {rank}] {message}")
+
+
+def _check_arguments(monitor: Any, min_delta: Any, patience: Any, stopping: Any, divergence: Any) -> None:
+    """Values Lightning takes here but fails on at the first check, with an error that names none of them."""
+    if not isinstance(monitor, str):
+        raise TypeError(f"monitor={monitor!r}: accepted values are the name of a logged metric (a str)")
+    for name, value in (("min_delta", min_delta), ("patience", patience)):
+        if not isinstance(value, (numbers.Real, torch.Tensor)):
+            raise TypeError(f"{name}={value!r}: accepted values are numbers")
+    for name, value in (("stopping_threshold", stopping), ("divergence_threshold", divergence)):
+        if value is not None and not isinstance(value, (numbers.Real, torch.Tensor)):
+            raise TypeError(f"{name}={value!r}: accepted values are None or a number")
 
 
 def _skips_check(trainer: Any) -> bool:

@@ -10,6 +10,7 @@ metric is made at the next validation end (Lightning drops it when it saves at t
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import re
 import shutil
@@ -62,6 +63,8 @@ class ModelCheckpoint(Checkpoint):
             raise ValueError(f"save_last={save_last!r}: accepted values are None, True, False and 'link'")
         if train_time_interval is not None and not isinstance(train_time_interval, timedelta):
             raise TypeError(f"train_time_interval={train_time_interval!r}: accepted values are None or a timedelta")
+        if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
+            raise TypeError(f"dirpath={dirpath!r}: accepted values are None or a path (a str or os.PathLike)")
         self.monitor = monitor
         self.verbose = verbose
         self.save_last = save_last
@@ -97,12 +100,15 @@ class ModelCheckpoint(Checkpoint):
         self._warned_missing_monitor = False
 
     def _validate_triggers(self) -> None:
-        if self.save_top_k < -1:
-            raise ValueError(f"save_top_k={self.save_top_k}: must be >= -1")
-        if self._every_n_train_steps < 0:
-            raise ValueError(f"every_n_train_steps={self._every_n_train_steps}: must be >= 0")
-        if self._every_n_epochs < 0:
-            raise ValueError(f"every_n_epochs={self._every_n_epochs}: must be >= 0")
+        for name, value, minimum in (
+            ("save_top_k", self.save_top_k, -1),
+            ("every_n_train_steps", self._every_n_train_steps, 0),
+            ("every_n_epochs", self._every_n_epochs, 0),
+        ):
+            if not isinstance(value, numbers.Real):
+                raise TypeError(f"{name}={value!r}: accepted values are ints >= {minimum}")
+            if value < minimum:
+                raise ValueError(f"{name}={value!r}: accepted values are ints >= {minimum}")
         triggers = (self._every_n_train_steps >= 1, self._every_n_epochs >= 1, self._train_time_interval is not None)
         if sum(triggers) > 1:
             raise ValueError(

@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args, parser)
+    return args.run(args, args.parser)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,18 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     flag("-m", "--module", action="store_true", help="run SCRIPT as a module name, like python -m")
     flag("script", help="the script (or with -m, the module) each process runs")
     flag("script_args", nargs=argparse.REMAINDER, help="its arguments")
-    launch.set_defaults(run=_launch)
+    launch.set_defaults(run=_launch, parser=launch)
 
     env = commands.add_parser("env", help="print where this process would run, torch's version, backends and devices")
-    env.set_defaults(run=_env)
+    env.set_defaults(run=_env, parser=env)
     return parser
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from gpulayer.runtime.launch import WorkerFailedError, launch
 
-    if args.standalone and (args.rdzv_endpoint or args.nnodes != "1"):
-        parser.error("--standalone is for one node: drop --rdzv-endpoint and --nnodes")
+    _check_flags(args, parser)
     try:
         launch(
             args.script,
@@ -91,6 +90,22 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"gpulayer launch: error: {failed}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The flags named as typed; launch() checks the same values again, by its own argument names."""
+    if args.standalone and (args.rdzv_endpoint or args.nnodes != "1"):
+        parser.error("--standalone is for one node: drop --rdzv-endpoint and --nnodes")
+    low, _, high = args.nnodes.partition(":")
+    high = high or low
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        parser.error(f"--nnodes {args.nnodes!r}: expected a whole number of at least 1, or MIN:MAX")
+    if not 0 <= args.node_rank < int(high):
+        parser.error(f"--node-rank {args.node_rank}: expected a rank in [0, {high}) for --nnodes {args.nnodes}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts {args.max_restarts}: expected a whole number of at least 0")
+    if not args.monitor_interval > 0:
+        parser.error(f"--monitor-interval {args.monitor_interval}: expected a number of seconds above 0")
 
 
 def _nproc_per_node(value: str, parser: argparse.ArgumentParser) -> int:

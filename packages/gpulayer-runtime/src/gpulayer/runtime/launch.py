@@ -54,6 +54,7 @@ def launch(
     min_nodes, max_nodes = _check_arguments(
         target, nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_backend, max_restarts, module
     )
+    _check_intervals(monitor_interval, shutdown_timeout)
     configs = {**(rdzv_conf or {}), "timeout": _rdzv_timeout(rdzv_conf)}
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -108,7 +109,10 @@ def _check_arguments(
     if callable(target) and module:
         raise ValueError("module=True needs target to be a module name, not a callable")
     if isinstance(target, str) and not module and not os.path.isfile(target):
-        raise FileNotFoundError(f"target={target!r}: no such script")
+        raise FileNotFoundError(
+            f"target={target!r}: no such script; accepted are a callable, the path of a script, or with module=True "
+            "a module name"
+        )
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ValueError(f"nproc_per_node={nproc_per_node!r}: expected a whole number of at least 1")
     min_nodes, max_nodes = _parse_nnodes(nnodes)
@@ -121,6 +125,18 @@ def _check_arguments(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts!r}: expected a whole number of at least 0")
     return min_nodes, max_nodes
+
+
+def _check_intervals(monitor_interval: Any, shutdown_timeout: Any) -> None:
+    """Checked before the store listens: torch's agent asserts on a bad monitor_interval with no message."""
+    if not _is_seconds(monitor_interval) or not monitor_interval > 0:
+        raise ValueError(f"monitor_interval={monitor_interval!r}: expected a number of seconds above 0")
+    if shutdown_timeout is not None and (not _is_seconds(shutdown_timeout) or not shutdown_timeout >= 0):
+        raise ValueError(f"shutdown_timeout={shutdown_timeout!r}: expected None or a number of seconds, at least 0")
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _rdzv_timeout(rdzv_conf: dict[str, Any] | None) -> int:

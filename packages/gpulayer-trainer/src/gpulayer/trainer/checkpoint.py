@@ -17,23 +17,27 @@ import torch
 
 from gpulayer.trainer import checkpoint_io
 from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.preemption import hpc_resume_path, is_restart
 
 LIGHTNING_FORMAT = "2.6.6"  # the Lightning release whose layout these files follow
 
 
 def dump_checkpoint(trainer: Any, weights_only: bool = False) -> dict[str, Any]:
-    module, datamodule = trainer.lightning_module, trainer.datamodule
+    module, datamodule, sharded = trainer.lightning_module, trainer.datamodule, trainer._sharded
     checkpoint: dict[str, Any] = {
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "pytorch-lightning_version": LIGHTNING_FORMAT,
         "gpulayer_version": version("gpulayer-trainer"),
-        "state_dict": module.state_dict(),
+        "state_dict": module.state_dict() if sharded is None else sharded.state_dict(),
         "loops": {"fit_loop": trainer.fit_loop.state_dict()},
     }
     if not weights_only:
         checkpoint["callbacks"] = _callback_states(trainer.callbacks)
-        checkpoint["optimizer_states"] = [optimizer.state_dict() for optimizer in trainer.optimizers]
+        checkpoint["optimizer_states"] = [
+            optimizer.state_dict() if sharded is None else sharded.optimizer_state_dict(optimizer)
+            for optimizer in trainer.optimizers
+        ]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
         scaler = trainer._precision.scaler
         if scaler is not None and scaler.state_dict():
@@ -72,7 +76,11 @@ def restore_modules_and_callbacks(trainer: Any, checkpoint: dict[str, Any]) -> N
     """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
     module, datamodule = trainer.lightning_module, trainer.datamodule
     trainer._hooks.module("on_load_checkpoint", checkpoint)
-    module.load_state_dict(checkpoint["state_dict"], strict=getattr(module, "strict_loading", True))
+    strict = getattr(module, "strict_loading", True)
+    if trainer._sharded is None:  # before a first stage shards the module, its full weights load as they are
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+    else:
+        trainer._sharded.load_state_dict(checkpoint["state_dict"], strict=strict)
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     states = checkpoint.get("callbacks", {})
@@ -93,7 +101,10 @@ def restore_training_state(trainer: Any, checkpoint: dict[str, Any]) -> None:
         scaler.load_state_dict(checkpoint["MixedPrecision"])
     trainer.fit_loop.load_state_dict(checkpoint["loops"]["fit_loop"])
     for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
-        optimizer.load_state_dict(state)
+        if trainer._sharded is None:
+            optimizer.load_state_dict(state)
+        else:
+            trainer._sharded.load_optimizer_state_dict(optimizer, state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         config.scheduler.load_state_dict(state)
     if "rng_states" in checkpoint:
@@ -133,7 +144,19 @@ def _plain(value: Any) -> Any:
 
 def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, stage: str, model_given: bool) -> str | None:
     """Lightning's ``ckpt_path`` rules: a path, ``"last"`` (newest ``last*.ckpt`` of the checkpoint callbacks),
-    ``"best"`` (the first checkpoint callback's ``best_model_path``); an evaluation without a model uses "best"."""
+    ``"best"`` (the first checkpoint callback's ``best_model_path``), ``"hpc"`` (the highest ``hpc_ckpt_N.ckpt`` in
+    ``default_root_dir``); an evaluation without a model uses "best". ``fit`` without one resumes by itself where
+    a job is continued: under Slurm from an hpc checkpoint (Lightning's rule), and in workers the elastic agent
+    restarted from the newest checkpoint there is (GPUlayer's)."""
+    if ckpt_path is None and stage == "fit":
+        ckpt_path = _automatic_resume(trainer)
+    if ckpt_path == "hpc":
+        path = hpc_resume_path(trainer.default_root_dir)
+        if path is None:
+            raise ValueError(
+                f'{stage}(ckpt_path="hpc"): no hpc_ckpt_N.ckpt in {trainer.default_root_dir}; pass a checkpoint path'
+            )
+        return path
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
     if ckpt_path is None and stage != "fit" and not model_given and best:
         warnings.warn(
@@ -162,6 +185,34 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, stage: str, model_giv
             return None
         return max(candidates, key=os.path.getmtime)
     return None if ckpt_path is None else os.fspath(ckpt_path)
+
+
+def _automatic_resume(trainer: Any) -> str | None:
+    hpc = hpc_resume_path(trainer.default_root_dir)
+    if is_restart():
+        newest = _newest_checkpoint(trainer, hpc)
+        if newest is not None:
+            print(f"restarted by the elastic agent: resuming from {newest}", flush=True)
+        return newest
+    if hpc is not None and trainer._placement.source == "slurm":
+        return hpc
+    if hpc is not None:
+        warnings.warn(
+            f"{hpc} is the checkpoint of a fit that a SIGTERM stopped; fit(ckpt_path='hpc') resumes it",
+            UserWarning,
+            stacklevel=5,
+        )
+    return None
+
+
+def _newest_checkpoint(trainer: Any, hpc: str | None) -> str | None:
+    """The newest hpc checkpoint or checkpoint-callback file: where a crashed run last saved."""
+    candidates = [hpc] if hpc is not None else []
+    for callback in trainer.checkpoint_callbacks:
+        folder = getattr(callback, "dirpath", None)
+        if folder and os.path.isdir(folder):
+            candidates += [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".ckpt")]
+    return max(candidates, key=os.path.getmtime, default=None)
 
 
 def load_module(

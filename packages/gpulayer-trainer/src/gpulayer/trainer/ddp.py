@@ -17,8 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 from gpulayer.trainer.strategy import DDPStrategy
 
 
-class _StepRunner(nn.Module):
-    """What DDP wraps: the module, and a forward that runs the step it is handed."""
+class StepRunner(nn.Module):
+    """What DDP (and a sharding strategy's root) wraps: the module, and a forward that runs the step it is handed."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -33,7 +33,7 @@ class DataParallel:
 
     def __init__(self, module: nn.Module, strategy: DDPStrategy, device: torch.device) -> None:
         self.wrapped = DistributedDataParallel(
-            _StepRunner(module), device_ids=[device.index] if device.type == "cuda" else None, **strategy.ddp_options()
+            StepRunner(module), device_ids=[device.index] if device.type == "cuda" else None, **strategy.ddp_options()
         )
 
     def run(self, step: Any, *args: Any) -> Any:

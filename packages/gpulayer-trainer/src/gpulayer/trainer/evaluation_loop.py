@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from typing import Any
@@ -127,8 +128,12 @@ class EvaluationLoop:
             hub.on_batch_start(batch, idx)
         hooks.both(f"on_{self.name}_batch_start", *args)
         step = f"{self.name}_step"
+        step_args = args if self._takes_batch_idx else args[:1] + args[2:]
         with self.trainer._precision.step_context():
-            output = hooks.module(step, *(args if self._takes_batch_idx else args[:1] + args[2:]))
+            if self.trainer._sharded is None:
+                output = hooks.module(step, *step_args)
+            else:  # through the sharded root, which gathers the parameters that no sharded submodule owns
+                output = self.trainer._sharded.run(functools.partial(hooks.module, step), *step_args)
         hooks.both(f"on_{self.name}_batch_end", output, *args)
         if self.results is not None:
             hub.on_batch_end()

@@ -7,6 +7,7 @@ On several ranks every decision that ends or skips work must be the same on each
 setup; ``should_stop`` (however it was set, on however many ranks) and time-based validation are combined with
 ``Runtime.any`` at sync points that every rank reaches: every ``log_every_n_steps`` optimizer steps, the last
 batch of an epoch, after validation and at the epoch end. Between them the loop acts on the last agreed value.
+A SIGTERM is combined in the same collective: once agreed, every rank saves and ends ``fit`` (preemption.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpulayer.trainer.data import (
 )
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
+from gpulayer.trainer.preemption import SIGTERMException, hpc_save_path
 from gpulayer.trainer.results import ResultCollection
 from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
 
@@ -52,6 +54,7 @@ class FitLoop:
         self.max_epochs = -1
         self.val_enabled = False
         self.agreed_stop = False  # should_stop as every rank last agreed on it (several ranks only)
+        self.preempting = False  # a SIGTERM reached some rank, as the ranks last agreed (several ranks only)
         self.at_sync_point = False  # whether the batch being run is one where the ranks combine decisions
         self.distributed = trainer.world_size > 1
         self._combine_batch_start = False
@@ -102,10 +105,29 @@ class FitLoop:
         return self.agreed_stop if self.distributed else self.trainer.should_stop
 
     def agree_on_stop(self) -> None:
-        """At a point every rank reaches: stop everywhere if ``should_stop`` is set anywhere (one collective)."""
+        """At a point every rank reaches: stop everywhere if ``should_stop`` is set anywhere, and preempt everywhere
+        if a SIGTERM reached any rank (one collective for both)."""
         trainer = self.trainer
         if self.distributed:
-            self.agreed_stop = trainer.should_stop = trainer.runtime.any(trainer.should_stop)
+            level = 2 if trainer.received_sigterm else int(trainer.should_stop)
+            flags = torch.tensor([level], dtype=torch.int32, device=trainer.runtime.device)
+            agreed = int(trainer.runtime.all_reduce(flags, "max").item())
+            self.preempting = agreed == 2
+            self.agreed_stop = trainer.should_stop = agreed >= 1  # a preemption stops too: the same on every rank
+
+    def preempt(self) -> None:
+        """After a SIGTERM: save where every rank stands to ``hpc_ckpt_N.ckpt`` and end ``fit`` (exit status 143)."""
+        trainer = self.trainer
+        path = trainer.runtime.broadcast(hpc_save_path(trainer.default_root_dir) if trainer.is_global_zero else None)
+        trainer.save_checkpoint(path)
+        trainer.runtime.barrier()  # the file is complete before any rank exits
+        if trainer.is_global_zero:
+            print(f"SIGTERM: saved {path} at step {trainer.global_step}; fit(ckpt_path='hpc') resumes it", flush=True)
+        raise SIGTERMException()
+
+    def _preempted(self) -> bool:
+        """On one process as soon as the SIGTERM arrived; on several once the ranks agreed on it."""
+        return self.preempting or (self.trainer.received_sigterm and not self.distributed)
 
     # ---- data --------------------------------------------------------------------------------------------------
     def setup_data(self) -> None:
@@ -151,8 +173,10 @@ class FitLoop:
         self.setup_data()
         if self.resume is None:  # an epoch-end checkpoint's epoch is complete once training (re)starts
             trainer._epochs_completed = self.epochs_processed
-        self.agreed_stop = False
+        self.agreed_stop = self.preempting = False
         self.agree_on_stop()
+        if self._preempted():
+            self.preempt()
         if self.done() or trainer.args.limit_train_batches == 0:
             return
         self.val_enabled = trainer._val_loop.is_enabled()
@@ -268,6 +292,8 @@ class FitLoop:
             trainer._logger_rows.push(rows)
         else:
             trainer._log_line.count()
+        if self.preempting or (trainer.received_sigterm and not self.distributed):  # _preempted(), inlined: per batch
+            self.preempt()
         return True
 
     def log_step_due(self) -> bool:
@@ -300,6 +326,8 @@ class FitLoop:
             hub.activate(self.results)
             hub.first_loop_iter = first_loop_iter
             self.agree_on_stop()
+            if self._preempted():
+                self.preempt()
         if trainer.lr_scheduler_configs:
             self.step_schedulers(interval="step", plateau=True)
         if not self.should_accumulate():
@@ -324,6 +352,8 @@ class FitLoop:
         hub.reset_results()
         trainer._epochs_completed = self.epochs_processed
         self.phase = "idle"
+        if self._preempted():
+            self.preempt()
 
     # ---- position, for checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
 from gpulayer.trainer.optimizers import parse_optimizers
+from gpulayer.trainer.preemption import sigterm_noted
 
 
 def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule | None) -> Any:
@@ -37,11 +38,16 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
         _verify(trainer, stage, module)
         checkpoint = _set_up(trainer, stage, module, datamodule, hooks)
         if stage == "fit":
-            result = _fit(trainer, module, hooks, checkpoint)
+            trainer.received_sigterm = False
+            with sigterm_noted(trainer):
+                result = _fit(trainer, module, hooks, checkpoint)
         else:
             loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
             trainer._logger_rows.hyperparameters()
-            with torch.inference_mode() if trainer.args.inference_mode else torch.no_grad():
+            # A sharded module gathers its parameters in each step: tensors made under inference_mode could not
+            # serve a later training step (Lightning also evaluates FSDP under no_grad).
+            inference = trainer.args.inference_mode and trainer._sharded is None
+            with torch.inference_mode() if inference else torch.no_grad():
                 result = loop.run()
     except BaseException as error:
         _release_data_parallel(trainer)
@@ -118,13 +124,18 @@ def _set_up(
     if is_overridden("configure_model", module, Module):
         hooks.module("configure_model")
     checkpoint = _requested_checkpoint(trainer, stage)
+    # A module an earlier stage sharded stays sharded (its weights load shard by shard); another is sharded below.
+    trainer._sharded = trainer._sharding.sharded(module) if trainer._sharding is not None else None
     if checkpoint is not None:
         restore_modules_and_callbacks(trainer, checkpoint)
     trainer._metric_hub.activate(None)
     trainer._metric_hub.reset_metrics()
     trainer._metric_hub.first_loop_iter = None
-    module.to(trainer._device)
-    trainer._precision.convert_module(module)
+    if trainer._sharded is None:
+        module.to(trainer._device)
+        trainer._precision.convert_module(module)
+    if trainer._sharding is not None and trainer._sharded is None:  # after the checkpoint's full weights
+        trainer._sharded = trainer._sharding.connect(module, trainer)
     return checkpoint
 
 
@@ -149,8 +160,17 @@ def _prepare_data(trainer: Any, module: Module, datamodule: DataModule | None, h
 def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
     ckpt_path, weights_only, model_given = trainer._checkpoint_request
     trainer._checkpoint_request = (None, None, True)
-    # Rank 0's answer: "last" and "best" name files, which other nodes may not see the same way.
-    trainer.ckpt_path = trainer.runtime.broadcast(resolve_ckpt_path(trainer, ckpt_path, stage, model_given))
+    # Rank 0's answer, or its error, on every rank: "last", "best" and "hpc" name files, which other nodes may not
+    # see the same way.
+    answer: tuple[str | None, ValueError | None] = (None, None)
+    if trainer.is_global_zero:
+        try:
+            answer = (resolve_ckpt_path(trainer, ckpt_path, stage, model_given), None)
+        except ValueError as error:
+            answer = (None, error)
+    trainer.ckpt_path, error = trainer.runtime.broadcast(answer)
+    if error is not None:
+        raise error
     if trainer.ckpt_path is None:
         return None
     return checkpoint_io.load(trainer.ckpt_path, weights_only=weights_only is not False)
@@ -160,6 +180,7 @@ def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] 
     trainer.fit_loop.resolve_limits()
     if trainer._ddp is not None and trainer.world_size > 1:  # before configure_optimizers, as Lightning wraps
         trainer._data_parallel = DataParallel(module, trainer._ddp, trainer._device)
+    trainer._data_parallel = trainer._sharded or trainer._data_parallel  # the optimizer holds the shards
     trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
     trainer._optimization = AutomaticOptimization(trainer)
     if trainer._device.type == "cuda" and trainer.args.benchmark is None:
@@ -209,8 +230,9 @@ def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callba
 
 
 def _to_cpu(trainer: Any, module: Module) -> None:
-    """Lightning's strategy teardown: the model and the optimizer state go back to the CPU after every run."""
-    if trainer._device.type == "cpu":
+    """Lightning's strategy teardown: the model and the optimizer state go back to the CPU after every run (a
+    sharded module stays sharded where it is, for the next stage)."""
+    if trainer._device.type == "cpu" or trainer._sharded is not None:
         return
     module.cpu()
     for optimizer in trainer.optimizers:

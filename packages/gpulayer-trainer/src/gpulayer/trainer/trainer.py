@@ -30,7 +30,7 @@ from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
-from gpulayer.trainer.strategy import DDPStrategy
+from gpulayer.trainer.strategy import DDPStrategy, ShardedModule, Strategy
 from gpulayer.trainer.world import device_of, devices_per_node, find_placement
 
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -43,7 +43,7 @@ class Trainer:
         self,
         *,
         accelerator: str = "auto",
-        strategy: str | DDPStrategy = "auto",
+        strategy: str | DDPStrategy | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int = 1,
         precision: Any = None,
@@ -109,14 +109,18 @@ class Trainer:
         self.logger = default_logger(logger, self.args)
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
         # `gpulayer launch` here and never returns (see world.py).
-        self._placement, self.strategy_name, self._ddp = find_placement(self.args)
+        self._placement, self.strategy_name, strategy = find_placement(self.args)
+        self._ddp = strategy if isinstance(strategy, DDPStrategy) else None
+        self._sharding = strategy if isinstance(strategy, Strategy) else None  # a registered strategy (FSDP)
         # The process group, and the collectives that make decisions that end or skip work the same on every rank.
-        self.runtime = Runtime(self._placement, timeout=self._ddp.timeout if self._ddp is not None else None)
+        self.runtime = Runtime(self._placement, timeout=strategy.timeout if strategy is not None else None)
         self._device = device_of(self.args, self._placement)
-        self._data_parallel: DataParallel | None = None  # DDP around the module while it trains
+        self._data_parallel: DataParallel | ShardedModule | None = None  # what a training step runs inside
+        self._sharded: ShardedModule | None = None  # the module as the registered strategy sharded it
         process_settings.apply(self.args)
         self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
+        self.received_sigterm = False  # set by the SIGTERM handler while fit runs (see preemption.py)
         self.sanity_checking = False
         self.state_fn: str | None = None
         self.lightning_module: Module | None = None
@@ -248,7 +252,7 @@ class Trainer:
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
-        calling it on rank 0 alone is safe)."""
+        calling it on rank 0 alone is safe, except under a sharding strategy: there every rank gathers its shards)."""
         if self.lightning_module is None:
             raise RuntimeError(
                 "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"

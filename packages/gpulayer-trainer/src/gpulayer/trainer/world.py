@@ -15,29 +15,29 @@ from typing import Any
 import torch
 
 from gpulayer.runtime import Placement
-from gpulayer.trainer.strategy import DDPStrategy, resolve_strategy
+from gpulayer.trainer.strategy import DDPStrategy, Strategy, resolve_strategy
 
 
-def find_placement(args: Any) -> tuple[Placement, str, DDPStrategy | None]:
-    """This process's placement and its strategy (a name, and DDP's options for DDP); starts the ranks (and does
-    not return) when this process must launch them."""
+def find_placement(args: Any) -> tuple[Placement, str, DDPStrategy | Strategy | None]:
+    """This process's placement and its strategy (a name, and its options: DDP's, or a registered strategy);
+    starts the ranks (and does not return) when this process must launch them."""
     placement = Placement.detect(accelerator=args.accelerator)
     if placement.source == "in-process":
         placement = _process_group_placement(args.accelerator) or placement
     per_node = devices_per_node(args, placement)
     wanted = per_node * args.num_nodes
-    name, ddp = resolve_strategy(args.strategy, wanted)
+    name, strategy = resolve_strategy(args.strategy, wanted)
     if placement.source == "in-process":
         if wanted > 1:
             _become_launcher(per_node, args)
-        return placement, name, ddp
+        return placement, name, strategy
     if (placement.world_size, placement.local_world_size) != (wanted, per_node):
         raise ValueError(
             f"devices={per_node} and num_nodes={args.num_nodes} ask for {wanted} processes with {per_node} per node, "
             f"but {placement.source} started {placement.world_size} with {placement.local_world_size} per node "
             f"({placement.num_nodes} node(s)); make them agree (devices='auto' takes the launcher's count)"
         )
-    return placement, name, ddp
+    return placement, name, strategy
 
 
 def devices_per_node(args: Any, placement: Placement) -> int:

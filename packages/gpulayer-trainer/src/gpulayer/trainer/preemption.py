@@ -1,0 +1,70 @@
+"""Preemption: SIGTERM (what Slurm and Kubernetes send before they stop a job) ends ``fit`` with a checkpoint.
+
+The handler only notes the signal. The fit loop acts on it where the ranks already meet (see fit_loop.py): every
+rank finishes its step, the ranks agree, and they save ``hpc_ckpt_N.ckpt`` in ``default_root_dir`` (Lightning's
+name for the checkpoint a stopped job resumes from) and exit with status 143 (128 + SIGTERM). A later ``fit``
+resumes it with ``ckpt_path="hpc"``; under Slurm, or in workers the elastic agent restarted, it does so by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
+_HPC = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
+
+
+class SIGTERMException(SystemExit):
+    """Ends ``fit`` on every rank after a SIGTERM, once the checkpoint is written (Lightning's name)."""
+
+    def __init__(self) -> None:
+        super().__init__(SIGTERM_EXIT_STATUS)
+
+
+@contextmanager
+def sigterm_noted(trainer: Any) -> Iterator[None]:
+    """While ``fit`` runs, SIGTERM sets ``trainer.received_sigterm`` and calls the handler that was there before."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def note(signum: int, frame: Any) -> None:
+        trainer.received_sigterm = True
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def hpc_save_path(folder: str) -> str:
+    """The next ``hpc_ckpt_N.ckpt`` in ``folder`` (N one past the highest there, from 1)."""
+    return os.path.join(folder, f"hpc_ckpt_{(_highest(folder) or 0) + 1}.ckpt")
+
+
+def hpc_resume_path(folder: str) -> str | None:
+    """The highest ``hpc_ckpt_N.ckpt`` in ``folder``, if any."""
+    highest = _highest(folder)
+    return None if highest is None else os.path.join(folder, f"hpc_ckpt_{highest}.ckpt")
+
+
+def _highest(folder: str) -> int | None:
+    if not os.path.isdir(folder):
+        return None
+    numbers = [int(match.group(1)) for name in os.listdir(folder) if (match := _HPC.match(name))]
+    return max(numbers, default=None)
+
+
+def is_restart() -> bool:
+    """A worker the elastic agent (``gpulayer launch --max-restarts``, torchrun) started again after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0

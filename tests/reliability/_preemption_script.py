@@ -39,7 +39,9 @@ def main() -> None:
     data = DataLoader(TensorDataset(inputs, inputs.sum(1, keepdim=True)), batch_size=8, shuffle=True)
     model = Regression()
     callbacks = [SigtermAt(sigterm_at)] if sigterm_at else []
-    trainer = gl.Trainer(max_epochs=3, default_root_dir=root, logger=False, enable_checkpointing=False, callbacks=callbacks)
+    trainer = gl.Trainer(
+        max_epochs=3, default_root_dir=root, logger=False, enable_checkpointing=False, callbacks=callbacks
+    )
     trainer.fit(model, data, ckpt_path=ckpt_path)
     os.makedirs(root, exist_ok=True)
     torch.save({"weights": model.state_dict(), "global_step": trainer.global_step}, os.path.join(root, "final.pt"))

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable
 from queue import Empty
 from typing import Any
@@ -135,6 +136,7 @@ def _load(fn: Any) -> Callable[..., Any]:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
+            _register_parents(module_name, path)
             spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[module_name] = module
@@ -142,6 +144,20 @@ def _load(fn: Any) -> Callable[..., Any]:
     for name in qualname.split("."):
         module = getattr(module, name)
     return module
+
+
+def _register_parents(module_name: str, path: str) -> None:
+    """Packages for the folders above ``path`` under the names pytest gave them, so that a test module's relative
+    imports (``from .conftest import ...``) resolve in a rank as they did in pytest."""
+    parents = module_name.split(".")[:-1]
+    folder = os.path.dirname(os.path.abspath(path))
+    for depth in range(len(parents), 0, -1):
+        name = ".".join(parents[:depth])
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [folder]
+            sys.modules[name] = package
+        folder = os.path.dirname(folder)
 
 
 def run_command(

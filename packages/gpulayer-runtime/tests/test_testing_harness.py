@@ -22,6 +22,16 @@ def _write_pid_then(runtime, folder, what):
     return runtime.global_rank
 
 
+class Seven:
+    """A class of this test module: a rank can unpickle it only once the module's package is known there."""
+
+    value = 7
+
+
+def _value_of(runtime, cls):
+    return cls.value
+
+
 def _pids(folder):
     return [int(path.read_text()) for path in Path(folder).glob("pid*")]
 
@@ -30,6 +40,11 @@ def test_a_raising_rank_fails_with_its_traceback(tmp_path):
     with pytest.raises(RankFailedError, match=r"(?s)rank 1 raised:.*KeyError: 'rank 1 failed on purpose'"):
         run_ranks(_write_pid_then, str(tmp_path), "raise", world_size=2)
     assert not [pid for pid in _pids(tmp_path) if is_alive(pid)]
+
+
+def test_arguments_may_hold_the_test_modules_own_classes():
+    # pytest's importlib mode names this module after its folders, which a rank cannot import by that name
+    assert run_ranks(_value_of, Seven) == [7, 7]
 
 
 def test_hung_ranks_are_killed_at_the_deadline(tmp_path):

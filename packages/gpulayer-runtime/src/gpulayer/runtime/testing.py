@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def run_ranks(
                     collective_timeout or timeout,
                     results,
                     _by_path(fn),
-                    args,
+                    pickle.dumps(args),  # read once ``fn``'s module is loaded: args may hold the test's own classes
                 ),
                 name=f"rank-{rank}",
             )
@@ -106,6 +107,7 @@ def _rank_main(rank, world_size, accelerator, store_path, collective_timeout, re
 
     try:
         fn = _load(fn)
+        args = pickle.loads(args)
         placement = Placement(
             world_size=world_size,
             global_rank=rank,

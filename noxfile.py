@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -93,6 +94,7 @@ def demo(session: nox.Session) -> None:
 
 
 LAUNCHER_TESTS = "packages/gpulayer-runtime/tests/test_launch.py"
+RELIABILITY_REPORT = "tools/reliability_report.py"
 COMPARISON = "benchmarks/lightning_comparison/compare.py"
 
 
@@ -122,11 +124,31 @@ def tests(session: nox.Session) -> None:
     CI minutes. A step that fails ends the run, naming it.
     """
     _install(session)
+    records = _fresh_folder(session, "reliability")  # the reliability suite's cases run in unit and gloo
+    session.env["GPULAYER_RELIABILITY_OUT"] = records
     steps = [_lint, _unit, _gloo, _multinode, _isolation, _demo, _bench_guard]
     for step in steps:
         session.log(f"step {step.__name__.removeprefix('_')}")
         step(session)
+        if step is _gloo:
+            session.run("python", RELIABILITY_REPORT, "--check", records, "docs/reliability.md")
     session.log(", ".join(step.__name__.removeprefix("_") for step in steps) + " passed")
+
+
+@nox.session(default=False)
+def reliability(session: nox.Session) -> None:
+    """The reliability suite (tests/reliability), then docs/reliability.md rewritten from what it measured."""
+    _install(session)
+    records = _fresh_folder(session, "reliability")
+    env = {"GPULAYER_RELIABILITY_OUT": records, "OMP_NUM_THREADS": "1"}
+    session.run(*PYTEST, "-m", "not cuda and not multinode", *session.posargs, "tests/reliability", env=env)
+    session.run("python", RELIABILITY_REPORT, records, "docs/reliability.md")
+
+
+def _fresh_folder(session: nox.Session, name: str) -> str:
+    folder = Path(session.create_tmp()).resolve() / name
+    shutil.rmtree(folder, ignore_errors=True)
+    return str(folder)
 
 
 def _lint(session: nox.Session) -> None:

@@ -12,7 +12,10 @@ agent). Each rank writes ``OUT/pid<R>`` on starting; the rank that injects the f
 - ``sigkill``: the rank SIGKILLs itself inside ``training_step``;
 - ``desync``: the rank enters ``trainer.runtime.barrier()`` (at ``DESYNC_LINE``) that its peer skips;
 - ``kill_during_save``: global rank 0 writes half of its second checkpoint, then SIGKILLs itself. ``torch.save``
-  is wrapped here, in user code: the Trainer's ``save_atomic`` calls it to write its temporary file.
+  is wrapped here, in user code: the Trainer's ``save_atomic`` calls it to write its temporary file;
+- ``sigterm``: the rank sends SIGTERM to the launcher (its parent), as Slurm or Kubernetes would;
+- ``crash_once``: a RuntimeError in ``training_step``, in the first run only (restart count 0), for a launcher
+  started with ``--max-restarts 1``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ FAULTS = (
     "sigkill",
     "desync",
     "kill_during_save",
+    "sigterm",
+    "crash_once",
 )
 OPTIONS = {
     "fault": None,
@@ -109,6 +114,12 @@ def run(out: Path, o: SimpleNamespace) -> None:
             if o.fault == "sigkill" and here(trainer, batch_idx):
                 injecting(o.fault)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if o.fault == "sigterm" and here(trainer, batch_idx):
+                injecting(o.fault)
+                os.kill(os.getppid(), signal.SIGTERM)
+            if o.fault == "crash_once" and here(trainer, batch_idx) and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+                injecting(o.fault)
+                raise RuntimeError(f"injected fault in training_step on rank {o.rank}, before any restart")
             if o.fault == "desync" and here(trainer, batch_idx):
                 injecting(o.fault)
                 trainer.runtime.barrier()  # DESYNC_LINE: the peer skips this collective
@@ -159,7 +170,12 @@ def run(out: Path, o: SimpleNamespace) -> None:
         DataLoader(TensorDataset(x[: SAMPLES // 2], y[: SAMPLES // 2]), batch_size=4),
         ckpt_path=o.ckpt_path,
     )
-    record = {"global_step": trainer.global_step, "started_at_step": starts, "current_epoch": trainer.current_epoch}
+    record = {
+        "global_step": trainer.global_step,
+        "started_at_step": starts,
+        "current_epoch": trainer.current_epoch,
+        "weights": model.state_dict(),
+    }
     _save(record, out / f"rank{trainer.global_rank}.pt")
 
 

@@ -36,6 +36,7 @@ TRAINER = [
     ("fast_dev_run=-1", {"fast_dev_run": -1}, ValueError, None, "True, False or an int >= 0"),
     ("strategy deepspeed", {"strategy": "deepspeed"}, ValueError, None, "'ddp'"),
     ("logger by name", {"logger": "csv"}, TypeError, None, "a gpulayer.trainer.CSVLogger"),
+    ("check_finite_loss as text", {"check_finite_loss": "no"}, TypeError, None, "True or False"),
     ("callback class, not instance", {"callbacks": [EarlyStopping]}, TypeError, None, "a list of Callbacks"),
     (
         "checkpoint callback with checkpointing off",

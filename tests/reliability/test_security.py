@@ -240,11 +240,6 @@ def _host_address() -> str | None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: gloo binds the address this host's name resolves to; a single-node launch should pin workers "
-    "to loopback (e.g. GLOO_SOCKET_IFNAME=lo), which launch.py/rendezvous.py do not do yet",
-)
 def test_workers_listen_on_loopback_even_where_the_host_name_resolves_to_a_network_address(outcome, tmp_path):
     """As on most cluster nodes and cloud VMs: run in a UTS namespace whose host name is this machine's address."""
     address = _host_address()
@@ -304,17 +299,12 @@ def test_checkpoints_and_the_folders_saving_makes_are_not_world_writable_under_u
     assert _world_writable(saved) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the CSV logger makes its folders and metrics.csv/hparams.yaml with the umask alone "
-    "(0o777/0o666 under umask 0); csv_logger.py is someone else's to fix",
-)
 def test_no_file_or_folder_a_fit_makes_is_world_writable_under_umask_0(outcome, made_under_umask_0):
     outcome(
         "Security",
         "every file and folder a fit makes, under umask 0",
         modes={path: oct(mode) for path, mode in made_under_umask_0.items()},
         world_writable=_world_writable(made_under_umask_0),
-        result="the CSV logger's folders and files are world-writable under umask 0; checkpoints are not",
+        result="no file or folder is world-writable: the logger's folders are 0o775, its files 0o664, checkpoints 0o600",
     )
     assert _world_writable(made_under_umask_0) == []

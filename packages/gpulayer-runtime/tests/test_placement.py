@@ -54,6 +54,15 @@ def test_torchrun_environment():
     )
 
 
+def test_an_elastic_restart_and_the_agents_store_are_read():
+    restarted = {**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    placement = Placement.detect(restarted, accelerator="cpu")
+    assert (placement.restart_count, placement.agent_store) == (2, True)
+    assert (Placement.detect(TORCHRUN, accelerator="cpu").restart_count, placement.world_size) == (0, 4)
+    with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT='once'"):
+        Placement.detect({**restarted, "TORCHELASTIC_RESTART_COUNT": "once"}, accelerator="cpu")
+
+
 def test_cuda_placement_uses_the_local_rank_as_device():
     placement = Placement.detect(TORCHRUN, accelerator="cuda")
     assert (placement.device, placement.backend) == (torch.device("cuda", 1), "nccl")

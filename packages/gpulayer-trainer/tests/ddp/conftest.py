@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpulayer.runtime.testing import run_command
+from gpulayer.runtime.testing import clean_environment, run_command
 
 SCRIPT = str(Path(__file__).with_name("train_script.py"))
 DEADLINE_S = 120  # every run is killed with its whole process tree past this
@@ -18,22 +17,6 @@ DEADLINE_S = 120  # every run is killed with its whole process tree past this
 
 def script_command(framework: str, out: Path, **options) -> list[str]:
     return [sys.executable, SCRIPT, framework, str(out), *(f"{key}={value!r}" for key, value in options.items())]
-
-
-def clean_environment(**extra: str) -> dict[str, str]:
-    """This environment without any launcher's variables (the test process may itself run under one)."""
-    launcher = (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "MASTER_",
-        "TORCHELASTIC",
-        "SLURM_",
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher) and k != "PYTEST_CURRENT_TEST"}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 def train(framework: str, out: Path, *, timeout: float = DEADLINE_S, **options) -> list[dict]:

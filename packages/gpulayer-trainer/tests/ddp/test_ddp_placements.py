@@ -10,7 +10,9 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from .conftest import DEADLINE_S, SCRIPT, assert_same_weights, clean_environment, records, script_command
+from gpulayer.runtime.testing import clean_environment
+
+from .conftest import DEADLINE_S, SCRIPT, assert_same_weights, records, script_command
 
 OPTIONS = {"max_epochs": 2, "sync": True, "log_every_n_steps": 4}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
 
 
@@ -62,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from gpulayer.runtime.launch import WorkerFailedError, launch
 
     _check_flags(args, parser)
@@ -84,6 +87,10 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except WorkerFailedError as failed:
         print(f"gpulayer launch: {failed}", file=sys.stderr)
         return 1
+    except SignalException as signalled:  # SIGTERM from Slurm or Kubernetes: torch's agent passed it to the workers
+        name = signal.Signals(signalled.sigval).name
+        print(f"gpulayer launch: received {name}; the workers were sent it and have ended", file=sys.stderr)
+        return 128 + signalled.sigval  # the shell's status for a process ended by that signal (143 for SIGTERM)
     except (ValueError, TypeError, FileNotFoundError) as bad:
         parser.error(str(bad))
     except RuntimeError as failed:  # e.g. a rendezvous that never completed, or a nested launch

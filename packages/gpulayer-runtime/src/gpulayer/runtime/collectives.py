@@ -36,6 +36,12 @@ class CollectiveError(RuntimeError):
         super().__init__(f"{collective} {what} on rank {rank}, called at {call_site}{hint}. Cause: {cause}")
 
 
+def is_transport_failure(error: BaseException) -> bool:
+    """Whether ``error`` came from the process group itself (gloo, NCCL, the store), not from the user's code: torch
+    raises some of these as its ``DistError``s and others, such as gloo's timeouts, as bare RuntimeErrors."""
+    return isinstance(error, dist.DistError) or any(word in str(error) for word in ("gloo", "Gloo", "NCCL"))
+
+
 def check_reduce_op(op: str) -> None:
     if op not in REDUCE_OPS:
         raise ValueError(f"op={op!r}: expected one of {', '.join(map(repr, REDUCE_OPS))}")

@@ -62,11 +62,14 @@ def launch(
     from gpulayer.runtime import worker
 
     with ExitStack() as stack:
-        stack.enter_context(_omp_threads_for_workers(nproc_per_node))
+        # As torchrun: workers default to OMP_NUM_THREADS=1 when several share a node and the user set none.
+        stack.enter_context(_worker_defaults({"OMP_NUM_THREADS": "1"} if nproc_per_node > 1 else {}))
         run_id = rdzv_id or "none"
-        if rdzv_endpoint is None:  # one node: a private loopback rendezvous
-            from gpulayer.runtime.rendezvous import loopback_store
+        if rdzv_endpoint is None:  # one node: a private loopback rendezvous, and workers that listen there only
+            from gpulayer.runtime.rendezvous import loopback_interface, loopback_store
 
+            interface = loopback_interface()
+            stack.enter_context(_worker_defaults({"GLOO_SOCKET_IFNAME": interface} if interface else {}))
             rdzv_endpoint = stack.enter_context(loopback_store(timedelta(seconds=configs["timeout"])))
             rdzv_backend, run_id, configs["rank"] = "static", rdzv_id or uuid.uuid4().hex, 0
         elif rdzv_backend == "static":
@@ -164,16 +167,15 @@ def _parse_nnodes(nnodes: int | str) -> tuple[int, int]:
 
 
 @contextmanager
-def _omp_threads_for_workers(nproc_per_node: int) -> Iterator[None]:
-    """As torchrun: workers default to OMP_NUM_THREADS=1 when several share a node and the user set none."""
-    if nproc_per_node == 1 or "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    os.environ["OMP_NUM_THREADS"] = "1"
+def _worker_defaults(defaults: dict[str, str]) -> Iterator[None]:
+    """Environment variables the workers inherit while the job runs, each unless the user set it already."""
+    added = {name: value for name, value in defaults.items() if name not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _worker_failed(failed: Any) -> WorkerFailedError:

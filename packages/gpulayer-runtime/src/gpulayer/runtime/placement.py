@@ -40,6 +40,8 @@ class Placement:
     run_id: str | None = None
     source: str = "in-process"
     accelerator: str = "cpu"
+    restart_count: int = 0  # how many times torch's elastic agent restarted this node's workers
+    agent_store: bool = False  # the workers' process group is to use the store the agent hosts
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("cpu", "cuda"):
@@ -107,6 +109,8 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         master_port=env_int(env, "MASTER_PORT", minimum=1),
         run_id=env.get("TORCHELASTIC_RUN_ID"),
         source="torchrun",
+        restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT") if "TORCHELASTIC_RESTART_COUNT" in env else 0,
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
 
 

@@ -12,6 +12,13 @@ from torch.distributed import TCPStore
 LOOPBACK = "127.0.0.1"
 
 
+def loopback_interface() -> str | None:
+    """The loopback network interface's name (``lo`` on Linux, ``lo0`` on macOS), for ``GLOO_SOCKET_IFNAME``:
+    without it gloo listens on the address the host name resolves to, often one the network reaches."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
 @contextmanager
 def loopback_store(timeout: timedelta) -> Iterator[str]:
     """Host a TCPStore on 127.0.0.1 and yield its ``host:port`` endpoint.

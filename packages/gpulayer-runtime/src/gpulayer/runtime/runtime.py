@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from gpulayer.runtime import clean_exit, collectives
 from gpulayer.runtime.placement import Placement
@@ -111,6 +112,8 @@ class Runtime:
             return
         if store is None and (placement.master_addr is None or placement.master_port is None):
             raise ValueError(f"{placement!r} names no master_addr and master_port; pass store= to join without them")
+        if store is None and placement.restart_count and placement.agent_store and placement.num_nodes == 1:
+            store = _store_of_this_attempt(placement, self.timeout)
         dist.init_process_group(
             backend=placement.backend,
             init_method=None if store is not None else _tcp_url(placement.master_addr, placement.master_port),
@@ -123,6 +126,20 @@ class Runtime:
         self._owns_group = True
         if placement.backend == "gloo":  # NCCL groups are left to the process's exit (see __exit__)
             clean_exit.close_at_clean_exit(self.close)
+
+
+def _store_of_this_attempt(placement: Placement, timeout: timedelta | None) -> dist.Store:
+    """The agent's store, under a prefix of this restart. Torch's static rendezvous hands every restart the same
+    store, where the last attempt's process-group keys would send the new ranks to dead peers (torch issue 135712
+    is the same flaw in the shared c10d store). One node has one agent, so every rank counts restarts alike."""
+    client = dist.TCPStore(
+        placement.master_addr,
+        placement.master_port,
+        placement.world_size,
+        is_master=False,
+        timeout=timeout or default_pg_timeout,
+    )
+    return dist.PrefixStore(f"gpulayer/attempt_{placement.restart_count}", client)
 
 
 def _as_timedelta(timeout: timedelta | float | None) -> timedelta | None:

@@ -162,6 +162,23 @@ def _register_parents(module_name: str, path: str) -> None:
         folder = os.path.dirname(folder)
 
 
+def clean_environment(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables (the test process may itself run under one), with one
+    OpenMP thread per process, and ``extra`` on top: for a command that must start its own job."""
+    launcher = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_",
+        "TORCHELASTIC",
+        "SLURM_",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher) and k != "PYTEST_CURRENT_TEST"}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
 def run_command(
     argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ from importlib.metadata import version
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.fit_loop import NonFiniteLossError
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.strategy import DDPStrategy
@@ -19,6 +20,7 @@ __all__ = [
     "DDPStrategy",
     "DataModule",
     "Module",
+    "NonFiniteLossError",
     "Trainer",
     "__version__",
     "seed_everything",

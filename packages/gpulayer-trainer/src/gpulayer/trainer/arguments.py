@@ -55,6 +55,7 @@ class TrainerArguments:
     inference_mode: bool
     use_distributed_sampler: bool
     prefetch: bool
+    check_finite_loss: bool
 
 
 def parse_arguments(
@@ -88,6 +89,7 @@ def parse_arguments(
     use_distributed_sampler: Any,
     default_root_dir: Any,
     prefetch: Any,
+    check_finite_loss: Any,
 ) -> TrainerArguments:
     accelerator = _accelerator(accelerator)
     device_indices = _devices(devices, accelerator)
@@ -144,6 +146,7 @@ def parse_arguments(
         inference_mode=_flag("inference_mode", inference_mode),
         use_distributed_sampler=_flag("use_distributed_sampler", use_distributed_sampler),
         prefetch=_flag("prefetch", prefetch),
+        check_finite_loss=_flag("check_finite_loss", check_finite_loss),
     )
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer.private_files import make_folders
+
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """The checkpoint holds an object that could run code when loaded."""
@@ -25,7 +27,7 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     """``torch.save`` to ``path`` via a temporary file and a rename; the folder is created if missing."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    _make_folders(folder)
+    make_folders(folder)
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".ckpt")
     try:
         with os.fdopen(handle, "wb") as file:
@@ -42,19 +44,6 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
-
-
-def _make_folders(folder: str) -> None:
-    """``os.makedirs`` that never makes a world-writable folder, whatever the umask (Python gives ``mode`` to the
-    last folder only). The mode loses the world-write bit and nothing else: the umask still applies."""
-    if os.path.isdir(folder):
-        return
-    _make_folders(os.path.dirname(folder))
-    try:
-        os.mkdir(folder, 0o775)
-    except FileExistsError:
-        if not os.path.isdir(folder):
-            raise
 
 
 def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: Any = "cpu") -> dict[str, Any]:

@@ -8,6 +8,7 @@ import os
 import warnings
 from typing import Any
 
+from gpulayer.trainer.private_files import make_folders, not_world_writable
 from gpulayer.trainer.yaml_dump import yaml_document
 
 # Lightning's log_metrics also saves by itself every 100 steps (its default ``flush_logs_every_n_steps``).
@@ -108,7 +109,7 @@ class CSVLogger:
             )
             if os.path.isfile(metrics := os.path.join(log_dir, "metrics.csv")):
                 os.remove(metrics)
-        os.makedirs(log_dir, exist_ok=True)
+        make_folders(log_dir)
         self._started = True
 
 
@@ -116,7 +117,7 @@ def _write_atomically(path: str, text: str) -> None:
     """A crash leaves the old file or the new one, never half of one."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(temporary, "w", newline="", encoding="utf-8") as file:
+        with open(temporary, "w", newline="", encoding="utf-8", opener=not_world_writable) as file:
             file.write(text)
             file.flush()
             os.fsync(file.fileno())

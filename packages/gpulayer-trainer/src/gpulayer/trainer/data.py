@@ -159,11 +159,23 @@ def agreed_batches(runtime: Any, counts: list[int | float], stage: str) -> list[
     """The batch counts every rank runs: the smallest rank's, per loader (one collective, at setup).
 
     Ranks that run different numbers of batches would wait for each other forever, so uneven data is cut to the
-    shortest rank's, with a warning naming every rank's counts.
+    shortest rank's, with a warning naming every rank's counts. A loader empty on some ranks only is an error on
+    every rank (Lightning raises on the empty rank alone); empty on all of them, Lightning's warning.
     """
-    if runtime.world_size == 1:
-        return counts
-    every_rank = runtime.all_gather(list(counts))
+    every_rank = [list(counts)] if runtime.world_size == 1 else runtime.all_gather(list(counts))
+    for index, per_rank in enumerate(zip(*every_rank, strict=True)):
+        if not any(per_rank):
+            warnings.warn(
+                "Total length of `DataLoader` across ranks is zero. Please make sure this was your intention.",
+                UserWarning,
+                stacklevel=3,
+            )
+        elif not all(per_rank):
+            empty = [rank for rank, count in enumerate(per_rank) if count == 0]
+            raise RuntimeError(
+                f"{stage} loader {index} has zero length on rank(s) {empty} but batches on the others "
+                f"({list(per_rank)}, by rank): make sure that it returns at least 1 batch on every rank"
+            )
     agreed = [min(per_loader) for per_loader in zip(*every_rank, strict=True)]
     if any(rank_counts != agreed for rank_counts in every_rank):
         warnings.warn(

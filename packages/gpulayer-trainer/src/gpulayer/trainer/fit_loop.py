@@ -36,6 +36,12 @@ from gpulayer.trainer.preemption import SIGTERMException, hpc_save_path
 from gpulayer.trainer.results import ResultCollection
 from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
 
+_NONFINITE_LOSS = 3  # above a SIGTERM (2) and should_stop (1) in the level the ranks agree on
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or inf (``Trainer(check_finite_loss=False)`` trains on)."""
+
 
 class FitLoop:
     def __init__(self, trainer: Any) -> None:
@@ -104,16 +110,44 @@ class FitLoop:
         """``should_stop`` on one process; on several, the value the ranks last agreed on."""
         return self.agreed_stop if self.distributed else self.trainer.should_stop
 
-    def agree_on_stop(self) -> None:
-        """At a point every rank reaches: stop everywhere if ``should_stop`` is set anywhere, and preempt everywhere
-        if a SIGTERM reached any rank (one collective for both)."""
+    def agree_on_stop(self, loss: torch.Tensor | None = None) -> None:
+        """At a point every rank reaches: stop everywhere if ``should_stop`` is set anywhere, preempt everywhere
+        if a SIGTERM reached any rank, and fail everywhere if this batch's ``loss`` is not finite on any rank (one
+        collective for the three)."""
         trainer = self.trainer
         if self.distributed:
             level = 2 if trainer.received_sigterm else int(trainer.should_stop)
+            if self._loss_is_nonfinite(loss):
+                level = _NONFINITE_LOSS
             flags = torch.tensor([level], dtype=torch.int32, device=trainer.runtime.device)
             agreed = int(trainer.runtime.all_reduce(flags, "max").item())
+            if agreed == _NONFINITE_LOSS:
+                raise self._nonfinite_loss_error(loss)
             self.preempting = agreed == 2
             self.agreed_stop = trainer.should_stop = agreed >= 1  # a preemption stops too: the same on every rank
+
+    def check_loss_alone(self, loss: torch.Tensor | None) -> None:
+        """On one process: fail if ``loss`` (of a log step or the epoch's last batch) is not finite."""
+        if self._loss_is_nonfinite(loss):
+            raise self._nonfinite_loss_error(loss)
+
+    def _loss_is_nonfinite(self, loss: torch.Tensor | None) -> bool:
+        if loss is None or not self.trainer.args.check_finite_loss:
+            return False
+        return not bool(torch.isfinite(loss.detach()).all())  # a host sync, at sync points only
+
+    def _nonfinite_loss_error(self, loss: torch.Tensor | None) -> NonFiniteLossError:
+        trainer = self.trainer
+        where = f"step {trainer.global_step} (epoch {trainer.current_epoch}, batch_idx {self.batch_idx})"
+        if self._loss_is_nonfinite(loss):
+            what = f"the loss training_step returned is {loss.detach().flatten()[0].item()} at {where}"
+        else:
+            what = f"another rank's training_step loss is not finite at {where}"
+        return NonFiniteLossError(
+            f"{what}; the loss is checked at log steps (log_every_n_steps={trainer.args.log_every_n_steps}) and at "
+            "each epoch's last batch, so it may have become non-finite a few steps earlier. "
+            "Trainer(check_finite_loss=False) trains on regardless"
+        )
 
     def preempt(self) -> None:
         """After a SIGTERM: save where every rank stands to ``hpc_ckpt_N.ckpt`` and end ``fit`` (exit status 143)."""
@@ -285,12 +319,16 @@ class FitLoop:
             hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
         if self.at_sync_point:
-            self.agree_on_stop()
+            self.agree_on_stop(loss)
         if not accumulate and self.log_step_due():
+            if not self.distributed:
+                self.check_loss_alone(loss)
             rows = hub.flush()  # reduces sync_dist values: every rank flushes here
             trainer._log_line.print(batch, loss)
             trainer._logger_rows.push(rows)
         else:
+            if not (self.distributed or accumulate) and self.epoch_batches_reached():
+                self.check_loss_alone(loss)
             trainer._log_line.count()
         if self.preempting or (trainer.received_sigterm and not self.distributed):  # _preempted(), inlined: per batch
             self.preempt()

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from gpulayer.runtime import CollectiveError
+from gpulayer.runtime.collectives import is_transport_failure
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.evaluation_loop import takes_batch_idx
 from gpulayer.trainer.hooks import is_overridden
@@ -32,6 +34,11 @@ class AutomaticOptimization:
         parallel = trainer._data_parallel
         self._training_step = step if parallel is None else functools.partial(parallel.run, step)
         self._no_sync = contextlib.nullcontext if parallel is None else parallel.no_sync
+        # What backward's gradient collective is called when it fails (a peer that never entered it, a lost peer).
+        self._gradient_sync = None
+        if parallel is not None:
+            sharded = trainer._sharded is not None
+            self._gradient_sync = "FSDP's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
         step_context = trainer._precision.step_context
         self._step_context = None if step_context is contextlib.nullcontext else step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
@@ -78,10 +85,16 @@ class AutomaticOptimization:
                 backward_loss = scaler.scale(loss) if scaler is not None else loss
                 if "on_before_backward" in active:
                     hooks.both("on_before_backward", backward_loss)
-                if self._own_backward:
-                    hooks.module("backward", backward_loss)
-                else:
-                    backward_loss.backward()
+                try:
+                    if self._own_backward:
+                        hooks.module("backward", backward_loss)
+                    else:
+                        backward_loss.backward()
+                except RuntimeError as error:  # no cost until one is raised
+                    if self._gradient_sync is None or not is_transport_failure(error):
+                        raise
+                    where = f"loss.backward() after training_step(batch_idx={batch_idx})"
+                    raise CollectiveError(self._gradient_sync, where, trainer.global_rank, error) from error
                 if "on_after_backward" in active:
                     hooks.both("on_after_backward")
             result[:] = [loss, extra, step_loss]

@@ -73,6 +73,7 @@ class Trainer:
         default_root_dir: str | None = None,
         logger: bool | CSVLogger | None = None,
         prefetch: bool = False,
+        check_finite_loss: bool = True,
     ) -> None:
         self.args = parse_arguments(
             accelerator=accelerator,
@@ -104,6 +105,7 @@ class Trainer:
             use_distributed_sampler=use_distributed_sampler,
             default_root_dir=default_root_dir,
             prefetch=prefetch,
+            check_finite_loss=check_finite_loss,
         )
         self._user_callbacks = callback_list(callbacks)
         self.logger = default_logger(logger, self.args)

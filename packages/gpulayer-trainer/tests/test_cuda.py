@@ -1,10 +1,11 @@
-"""The Trainer on a CUDA GPU (nox -s cuda; skipped without one): AMP, prefetching, and the lean path."""
+"""The Trainer on a CUDA GPU (nox -s cuda; skipped without one): each precision against the CPU run, fp16 AMP's
+skipped steps and scaler state against Lightning, prefetching, autotuning, and no host sync on the lean path."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpulayer.trainer import Module, Trainer, seed_everything
+from gpulayer.trainer import Callback, Module, Trainer, seed_everything
 
 pytestmark = [
     pytest.mark.cuda,
@@ -77,3 +78,131 @@ def test_benchmark_none_autotunes_only_long_runs(tmp_path):
         default_root_dir=tmp_path,
     ).fit(Classifier(), _loader())
     assert torch.backends.cudnn.benchmark is True
+
+
+# How far each precision's weights may lie from the CPU run's at 32-true after 16 SGD steps on this small model.
+CLOSE_TO_CPU = {"32-true": 1e-4, "16-mixed": 2e-2, "bf16-mixed": 5e-2, "bf16-true": 1e-1}
+
+
+def _weights(model) -> torch.Tensor:
+    return torch.cat([p.detach().float().cpu().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("precision", list(CLOSE_TO_CPU))
+def test_each_precision_ends_close_to_the_cpu_run(tmp_path, precision):
+    seed_everything(0)
+    cpu = Classifier()
+    Trainer(accelerator="cpu", max_epochs=2, enable_checkpointing=False, logger=False).fit(cpu, _loader())
+    _, gpu = _fit(tmp_path, precision=precision, logger=False)
+    difference = (_weights(gpu) - _weights(cpu)).abs().max().item()
+    print(f"{precision}: largest weight difference to the CPU run {difference:.2e}")
+    assert difference <= CLOSE_TO_CPU[precision]
+
+
+def _overflowing(base: type) -> type:
+    """The classifier under ``base`` (ours or Lightning's), whose 4th batch makes every gradient inf."""
+
+    class Overflowing(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            return loss * float("inf") if batch_idx == 3 else loss
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.seen.append(torch.cat([p.detach().float().flatten() for p in self.parameters()]).cpu())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Overflowing
+
+
+def _fit_overflowing(framework: str, root, **options):
+    import lightning.pytorch as lightning  # here: collecting this module on a machine without a GPU stays cheap
+
+    base, trainer_class = (
+        (Module, Trainer) if framework == "gpulayer" else (lightning.LightningModule, lightning.Trainer)
+    )
+    model = _overflowing(base)()
+    trainer = trainer_class(
+        accelerator="gpu" if framework == "lightning" else "cuda",
+        devices=1,
+        precision="16-mixed",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+        **({"enable_progress_bar": False, "enable_model_summary": False} if framework == "lightning" else {}),
+        **options,
+    )
+    trainer.fit(model, DataLoader(_loader().dataset, batch_size=32))  # unshuffled: the same batches in both
+    return trainer, model
+
+
+def test_16_mixed_skips_a_step_with_inf_gradients_exactly_as_lightning(tmp_path):
+    ours, model = _fit_overflowing("gpulayer", tmp_path / "gpulayer")
+    theirs, reference = _fit_overflowing("lightning", tmp_path / "lightning")
+    assert ours.global_step == theirs.global_step == 8  # the skipped step still counts
+    torch.testing.assert_close(model.seen[3], model.seen[2], rtol=0, atol=0)  # batch 3's update was skipped
+    assert not torch.equal(model.seen[4], model.seen[3])
+    for mine, lightnings in zip(model.seen, reference.seen, strict=True):
+        torch.testing.assert_close(mine, lightnings, rtol=0, atol=1e-6)
+    scale = ours._precision.scaler.get_scale()
+    assert scale == theirs.precision_plugin.scaler.get_scale() == 2.0**15  # halved once from 2**16
+
+
+def test_the_grad_scaler_state_is_checkpointed_and_restored(tmp_path):
+    trainer, _ = _fit_overflowing("gpulayer", tmp_path)
+    path = tmp_path / "halved.ckpt"
+    trainer.save_checkpoint(path)
+    assert torch.load(path, weights_only=True)["MixedPrecision"]["scale"] == 2.0**15
+
+    class ScaleAtStart(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.scale = trainer._precision.scaler.get_scale()
+
+    probe = ScaleAtStart()
+    resumed = Trainer(
+        accelerator="cuda",
+        devices=1,
+        precision="16-mixed",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[probe],
+    )
+    resumed.fit(_overflowing(Module)(), DataLoader(_loader().dataset, batch_size=32), ckpt_path=str(path))
+    assert probe.scale == 2.0**15
+
+
+class NoSyncBetweenLogSteps(Callback):
+    """From ``on_train_batch_start`` to ``on_train_batch_end`` of every batch that logs nothing, any host-device
+    synchronisation raises (the log steps, every 4th, read the loss for the log line: they may sync)."""
+
+    def __init__(self) -> None:
+        self.guarded = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if (batch_idx + 1) % 4:
+            torch.cuda.set_sync_debug_mode("error")
+            self.guarded += 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])  # 16-mixed: GradScaler reads found_inf each step
+def test_no_step_that_logs_nothing_waits_for_the_device(tmp_path, precision):
+    guard = NoSyncBetweenLogSteps()
+    try:
+        trainer, _ = _fit(tmp_path, precision=precision, log_every_n_steps=4, callbacks=[guard])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer.global_step == 16 and guard.guarded == 12

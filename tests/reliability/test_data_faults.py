@@ -102,21 +102,22 @@ def test_an_empty_train_loader_warns_as_lightning_does_and_trains_nothing(tmp_pa
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
 
 
-def _empty_on_rank_one(runtime) -> str:
-    samples = 0 if runtime.global_rank == 1 else 16
+def _fit_on_two_ranks(runtime, rank_one_data: dict, max_epochs: int) -> str:
+    """Rank 1 reads ``_data(**rank_one_data)``, rank 0 16 clean samples: the step and error where each rank stopped."""
+    data = _data(**rank_one_data) if runtime.global_rank == 1 else _data(16)
     trainer = gl.Trainer(
-        devices=2, max_epochs=1, logger=False, enable_checkpointing=False, use_distributed_sampler=False
+        devices=2, max_epochs=max_epochs, logger=False, enable_checkpointing=False, use_distributed_sampler=False
     )
     try:
-        trainer.fit(Regression(), _data(samples))
-    except RuntimeError as error:
-        return str(error)
+        trainer.fit(Regression(), data)
+    except (RuntimeError, ValueError) as error:
+        return f"step {trainer.global_step}: {type(error).__name__}: {error}"
     return f"no error on rank {runtime.global_rank}"
 
 
 @pytest.mark.multiprocess
 def test_a_loader_empty_on_one_rank_only_is_an_error_on_every_rank(outcome):
-    messages = run_ranks(_empty_on_rank_one, timeout=60)
+    messages = run_ranks(_fit_on_two_ranks, {"samples": 0}, 1, timeout=60)
     outcome(
         "Data and model faults",
         "a train loader empty on rank 1 of 2 only (DDP)",
@@ -171,21 +172,10 @@ def test_check_finite_loss_false_trains_on_through_a_nan_loss(tmp_path):
     assert trainer.global_step == 8
 
 
-def _nan_on_rank_one(runtime) -> str:
-    trainer = gl.Trainer(
-        devices=2, max_epochs=2, logger=False, enable_checkpointing=False, use_distributed_sampler=False
-    )
-    try:
-        # Sample 13 is in the epoch's last batch: under DDP a NaN at an earlier step reaches both ranks' weights
-        trainer.fit(Regression(), _data(16, nan_at=13 if runtime.global_rank == 1 else None))
-    except gl.NonFiniteLossError as error:
-        return f"step {trainer.global_step}: {error}"
-    return f"no error on rank {runtime.global_rank}"
-
-
 @pytest.mark.multiprocess
 def test_a_nan_loss_on_one_rank_ends_fit_on_every_rank_at_the_same_step(outcome):
-    messages = run_ranks(_nan_on_rank_one, timeout=60)
+    # Sample 13 is in the epoch's last batch: under DDP a NaN at an earlier step reaches both ranks' weights
+    messages = run_ranks(_fit_on_two_ranks, {"samples": 16, "nan_at": 13}, 2, timeout=60)
     outcome(
         "Data and model faults",
         "a NaN loss on rank 1 of 2 only, at step 4 (DDP)",
@@ -196,5 +186,6 @@ def test_a_nan_loss_on_one_rank_ends_fit_on_every_rank_at_the_same_step(outcome)
             "share at that sync point; rank 1 names its loss, rank 0 says another rank's was not finite"
         ),
     )
-    assert messages[0].startswith("step 4: another rank's training_step loss is not finite at step 4"), messages
-    assert messages[1].startswith("step 4: the loss training_step returned is nan at step 4"), messages
+    error = "step 4: NonFiniteLossError: "
+    assert messages[0].startswith(error + "another rank's training_step loss is not finite at step 4"), messages
+    assert messages[1].startswith(error + "the loss training_step returned is nan at step 4"), messages

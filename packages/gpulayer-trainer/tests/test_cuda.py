@@ -123,25 +123,19 @@ def _overflowing(base: type) -> type:
     return Overflowing
 
 
-def _fit_overflowing(framework: str, root, **options):
+def _fit_overflowing(framework: str, root, ckpt_path=None, **options):
     import lightning.pytorch as lightning  # here: collecting this module on a machine without a GPU stays cheap
 
     base, trainer_class = (
         (Module, Trainer) if framework == "gpulayer" else (lightning.LightningModule, lightning.Trainer)
     )
     model = _overflowing(base)()
-    trainer = trainer_class(
-        accelerator="gpu" if framework == "lightning" else "cuda",
-        devices=1,
-        precision="16-mixed",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=root,
-        **({"enable_progress_bar": False, "enable_model_summary": False} if framework == "lightning" else {}),
-        **options,
-    )
-    trainer.fit(model, DataLoader(_loader().dataset, batch_size=32))  # unshuffled: the same batches in both
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False} if framework == "lightning" else {}
+    options = {"max_epochs": 1, "logger": False, "enable_checkpointing": False, **quiet, **options}
+    accelerator = "gpu" if framework == "lightning" else "cuda"
+    trainer = trainer_class(accelerator=accelerator, devices=1, precision="16-mixed", default_root_dir=root, **options)
+    loader = DataLoader(_loader().dataset, batch_size=32)  # unshuffled: the same batches in both
+    trainer.fit(model, loader, ckpt_path=ckpt_path)
     return trainer, model
 
 
@@ -168,17 +162,7 @@ def test_the_grad_scaler_state_is_checkpointed_and_restored(tmp_path):
             self.scale = trainer._precision.scaler.get_scale()
 
     probe = ScaleAtStart()
-    resumed = Trainer(
-        accelerator="cuda",
-        devices=1,
-        precision="16-mixed",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        callbacks=[probe],
-    )
-    resumed.fit(_overflowing(Module)(), DataLoader(_loader().dataset, batch_size=32), ckpt_path=str(path))
+    _fit_overflowing("gpulayer", tmp_path, ckpt_path=str(path), max_epochs=2, callbacks=[probe])
     assert probe.scale == 2.0**15
 
 

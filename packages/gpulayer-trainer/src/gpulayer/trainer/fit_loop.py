@@ -117,12 +117,13 @@ class FitLoop:
         trainer = self.trainer
         if self.distributed:
             level = 2 if trainer.received_sigterm else int(trainer.should_stop)
-            if self._loss_is_nonfinite(loss):
+            own_loss_nonfinite = self._loss_is_nonfinite(loss)
+            if own_loss_nonfinite:
                 level = _NONFINITE_LOSS
             flags = torch.tensor([level], dtype=torch.int32, device=trainer.runtime.device)
             agreed = int(trainer.runtime.all_reduce(flags, "max").item())
             if agreed == _NONFINITE_LOSS:
-                raise self._nonfinite_loss_error(loss)
+                raise self._nonfinite_loss_error(loss if own_loss_nonfinite else None)
             self.preempting = agreed == 2
             self.agreed_stop = trainer.should_stop = agreed >= 1  # a preemption stops too: the same on every rank
 
@@ -137,9 +138,10 @@ class FitLoop:
         return not bool(torch.isfinite(loss.detach()).all())  # a host sync, at sync points only
 
     def _nonfinite_loss_error(self, loss: torch.Tensor | None) -> NonFiniteLossError:
+        """``loss``: this rank's non-finite loss, or None when another rank's was the non-finite one."""
         trainer = self.trainer
         where = f"step {trainer.global_step} (epoch {trainer.current_epoch}, batch_idx {self.batch_idx})"
-        if self._loss_is_nonfinite(loss):
+        if loss is not None:
             what = f"the loss training_step returned is {loss.detach().flatten()[0].item()} at {where}"
         else:
             what = f"another rank's training_step loss is not finite at {where}"

@@ -312,3 +312,19 @@ def test_a_failed_rewrite_leaves_the_previous_file_whole(tmp_path):
     with open(path, newline="") as file:
         assert file.read() == "a,step\r\n1.0,0\r\n"
     assert sorted(os.listdir(logger.log_dir)) == ["metrics.csv"]
+
+
+def test_a_relative_save_dir_that_does_not_exist_yet_is_made_as_lightning_makes_it(tmp_path, monkeypatch):
+    calls = [("log_hyperparams", {"lr": 0.1}), ("log_metrics", {"loss": 1.0}, 0), ("save",)]
+    results = {}
+    for name, logger_class in (("gpulayer", CSVLogger), ("lightning", LightningCSVLogger)):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logger = logger_class("runs")  # a relative folder, not made yet
+            for method, *args in calls:
+                getattr(logger, method)(*args)
+        results[name] = sorted(str(path.relative_to(tmp_path / name)) for path in (tmp_path / name).rglob("*"))
+    assert results["gpulayer"] == results["lightning"]
+    assert "runs/lightning_logs/version_0/metrics.csv" in results["gpulayer"]

@@ -8,6 +8,7 @@ import os
 
 def make_folders(folder: str) -> None:
     """``os.makedirs(folder, exist_ok=True)`` whose new folders lose the world-write bit and nothing else."""
+    folder = os.path.abspath(folder)  # a relative name's parents end in "", which is no folder
     if os.path.isdir(folder):
         return
     make_folders(os.path.dirname(folder))

@@ -1,9 +1,11 @@
 """Bad arguments to launch() and `gpulayer launch` are refused before any process starts."""
 
+from importlib.metadata import entry_points
+
 import pytest
 
 from gpulayer.runtime import launch
-from gpulayer.runtime.cli import main
+from gpulayer.runtime.cli import COMMANDS_GROUP, main
 
 
 @pytest.mark.parametrize(
@@ -54,3 +56,15 @@ def test_env_prints_placement_torch_backends_and_devices(capsys):
     for key in ("gpulayer-runtime", "torch", "placement", "backends", "cuda"):
         assert f"\n{key} " in f"\n{printed}"
     assert "from in-process" in printed and "gloo" in printed
+
+
+def test_help_lists_the_commands_installed_distributions_add_and_refuses_unknown_ones(capsys):
+    added = sorted(point.name for point in entry_points(group=COMMANDS_GROUP))  # plot, with gpulayer-trainer
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"gpulayer {name} --help" in listed for name in added)
+    with pytest.raises(SystemExit) as exited:
+        main(["no-such-command"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'no-such-command' (choose from 'launch', 'env'" in capsys.readouterr().err

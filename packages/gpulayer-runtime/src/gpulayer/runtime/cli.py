@@ -1,4 +1,5 @@
-"""The ``gpulayer`` command: ``gpulayer launch`` (torchrun's flags) and ``gpulayer env``."""
+"""The ``gpulayer`` command: ``gpulayer launch`` (torchrun's flags), ``gpulayer env``, and the commands other
+distributions add under the ``gpulayer.commands`` entry point (``plot``: gpulayer-trainer)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import os
 import platform
 import signal
 import sys
+from importlib.metadata import EntryPoint, entry_points
+
+COMMANDS_GROUP = "gpulayer.commands"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    added = {point.name: point for point in entry_points(group=COMMANDS_GROUP)}
+    if argv and argv[0] in added:  # loaded only when asked for: `gpulayer launch` imports nothing of theirs
+        return added[argv[0]].load()(argv[1:])
+    parser = _parser(added)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -18,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     return args.run(args, args.parser)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(added: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpulayer", description="Place and launch PyTorch training processes.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -59,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
     env = commands.add_parser("env", help="print where this process would run, torch's version, backends and devices")
     env.set_defaults(run=_env, parser=env)
+    for name, point in sorted(added.items()):
+        commands.add_parser(name, help=f"from {point.dist.name if point.dist else point.value}: gpulayer {name} --help")
     return parser
 
 

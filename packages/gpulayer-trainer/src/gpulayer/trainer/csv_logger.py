@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import Any
 
-from gpulayer.trainer.private_files import make_folders, not_world_writable
+from gpulayer.trainer.private_files import make_folders, write_atomically
 from gpulayer.trainer.yaml_dump import yaml_document
 
 # Lightning's log_metrics also saves by itself every 100 steps (its default ``flush_logs_every_n_steps``).
@@ -48,7 +48,7 @@ class CSVLogger:
         """Adds ``params`` to the hparams logged so far and rewrites ``hparams.yaml`` with all of them."""
         self._start()
         self._hparams.update(params)
-        _write_atomically(os.path.join(self.log_dir, "hparams.yaml"), yaml_document(self._hparams))
+        write_atomically(os.path.join(self.log_dir, "hparams.yaml"), yaml_document(self._hparams).encode())
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self._start()
@@ -77,7 +77,7 @@ class CSVLogger:
                 with open(path, newline="", encoding="utf-8") as file:
                     writer.writerows(csv.DictReader(file))
             writer.writerows(self._rows)
-            _write_atomically(path, text.getvalue())
+            write_atomically(path, text.getvalue().encode())
         self._columns, self._rows = columns, []
 
     def finalize(self, status: str) -> None:
@@ -111,17 +111,3 @@ class CSVLogger:
                 os.remove(metrics)
         make_folders(log_dir)
         self._started = True
-
-
-def _write_atomically(path: str, text: str) -> None:
-    """A crash leaves the old file or the new one, never half of one."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "w", newline="", encoding="utf-8", opener=not_world_writable) as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)

@@ -22,3 +22,17 @@ def make_folders(folder: str) -> None:
 def not_world_writable(path: str, flags: int) -> int:
     """An ``opener`` for ``open``: a file it creates is 0o664 less the umask."""
     return os.open(path, flags, 0o664)
+
+
+def write_atomically(path: str, content: bytes) -> None:
+    """A crash leaves the old file or the new one, never half of one."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb", opener=not_world_writable) as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)

@@ -3,15 +3,16 @@
 The data ships with scikit-learn, so this runs offline, on CPU, in a few seconds:
 
     pip install -e packages/gpulayer-runtime -e packages/gpulayer-trainer scikit-learn
-    python docs/examples/digits.py                 # or: nox -s demo
+    python docs/examples/digits.py                 # or: nox -s demo, which then draws the curves
     python docs/examples/digits.py --max-epochs 5 --accelerator cpu --precision bf16-mixed
+    gpulayer plot runs/digits -o runs/digits/curves.png
 
-It prints the test accuracy and exits non-zero below 95%. Moving from Lightning, only the import changes.
+It logs to runs/digits/lightning_logs/version_N/metrics.csv, prints the test accuracy and exits non-zero below
+95%. Moving from Lightning, only the import changes.
 """
 
 import argparse
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -91,22 +92,22 @@ if __name__ == "__main__":
     parser.add_argument("--accelerator", default="auto", help='"cpu", "gpu" or "auto"')
     parser.add_argument("--precision", default="32-true", help='e.g. "32-true", "bf16-mixed", "16-mixed"')
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--root-dir", default="runs/digits", help="where the CSV logs go (default runs/digits)")
     args = parser.parse_args()
 
     seed_everything(args.seed)  # the model's initial weights and the shuffling order
-    with tempfile.TemporaryDirectory() as root_dir:  # anything the Trainer writes goes here, then away
-        trainer = Trainer(
-            max_epochs=args.max_epochs,
-            accelerator=args.accelerator,
-            devices=1,
-            precision=args.precision,
-            enable_checkpointing=False,
-            default_root_dir=root_dir,
-        )
-        datamodule = DigitsDataModule(seed=args.seed)
-        model = DigitsCNN()
-        trainer.fit(model, datamodule=datamodule)
-        test_acc = trainer.test(model, datamodule=datamodule)[0]["test_acc"]
+    trainer = Trainer(
+        max_epochs=args.max_epochs,
+        accelerator=args.accelerator,
+        devices=1,
+        precision=args.precision,
+        enable_checkpointing=False,
+        default_root_dir=args.root_dir,
+    )
+    datamodule = DigitsDataModule(seed=args.seed)
+    model = DigitsCNN()
+    trainer.fit(model, datamodule=datamodule)
+    test_acc = trainer.test(model, datamodule=datamodule)[0]["test_acc"]
 
     print(f"test accuracy: {test_acc:.4f}")
     sys.exit(0 if test_acc >= 0.95 else 1)

@@ -2,7 +2,7 @@
 
     nox -s bench                     # the full set: under 10 minutes on 2 cores; writes RESULTS.md, results.json,
                                      # chart.png here and checks the baseline (tolerance 10%)
-    nox -s bench -- --quick          # under 2 minutes
+    nox -s bench -- --quick          # under 2 minutes: the raw loop, GPUlayer and Lightning only
     nox -s bench_guard               # what CI runs: --quick, results in a temporary folder, tolerance 100%
 
 Runs ``rounds.py`` in one process and as DDP on 2 processes (gloo, under ``gpulayer launch``), then, where CUDA
@@ -29,7 +29,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
+VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
+# --quick, the guard's run, stays under 2 minutes: GPUlayer, the raw loop it is guarded against, and Lightning.
+QUICK_VARIANTS = ("raw", "gpulayer", "lightning")
 WORKLOADS = ("mlp", "transformer", "cnn")
 
 
@@ -64,7 +66,11 @@ IMPORT_TARGET_S, FIRST_STEP_TARGET_S = 0.1, 0.2
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a quarter of the steps, 4 rounds, 1 cold start (MLP)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a quarter of the steps, 4 rounds, 1 cold start (MLP); raw, gpulayer and lightning only",
+    )
     parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md, results.json, chart.png")
     parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
     parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
@@ -109,7 +115,9 @@ def _cuda_skipped(no_cuda: bool) -> str | None:
 def _rounds(placement: Placement, quick: bool, out: Path) -> dict:
     target = out / f"rounds-{placement.processes}-{placement.device}-{placement.precision}.json"
     long_run = placement.processes == 1 and placement.device == "cpu"
-    rounds = ["--rounds", "6" if long_run and not quick else "4", *(["--quick"] if quick else [])]
+    count = ("4" if long_run else "2") if quick else ("6" if long_run else "4")  # --quick: under 2 minutes
+    rounds = ["--rounds", count, *(["--quick"] if quick else [])]
+    rounds += ["--variants", ",".join(_variants(quick))]
     setting = ["--device", placement.device, "--precision", placement.precision]
     command = [sys.executable, str(HERE / "rounds.py"), str(target), *rounds, *setting]
     if placement.processes > 1:
@@ -128,12 +136,18 @@ def _rounds(placement: Placement, quick: bool, out: Path) -> dict:
     return data
 
 
+def _variants(quick: bool) -> tuple[str, ...]:
+    return QUICK_VARIANTS if quick else VARIANTS
+
+
 def _cold_starts(quick: bool) -> dict:
+    # Start-up does not depend on the order of a step: the raw loop starts once, in its usual order.
+    variants = [variant for variant in _variants(quick) if variant != "raw_lightning_order"]
     runs: dict[str, dict[str, list[dict]]] = {}
     for workload in WORKLOADS[:1] if quick else WORKLOADS:
-        runs[workload] = {variant: [] for variant in VARIANTS}
+        runs[workload] = {variant: [] for variant in variants}
         for _ in range(1 if quick else 3):
-            for variant in VARIANTS:
+            for variant in variants:
                 command = [sys.executable, str(HERE / "cold.py"), workload, variant, "20", repr(time.time())]
                 finished = subprocess.run(
                     command, check=True, timeout=DEADLINE_S, capture_output=True, text=True, cwd=HERE,
@@ -151,12 +165,17 @@ def _per_step(results: dict, placement: str, workload: str, variant: str) -> flo
     return _median(results["placements"][placement][workload]["variants"][variant]["seconds_per_step"])
 
 
-def _ratio(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> float:
-    """The median over rounds of ``variant``'s time per step over ``to``'s in the same round: the two ran seconds
-    apart, so drift in the machine's speed (it moves by tens of percent on a shared 2-core runner) cancels."""
+def _round_ratios(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> list[float]:
+    """``variant``'s time per step over ``to``'s in each round: the two ran seconds apart, so drift in the
+    machine's speed (it moves by tens of percent on a shared 2-core runner) mostly cancels."""
     timings = results["placements"][placement][workload]["variants"]
     pairs = zip(timings[variant]["seconds_per_step"], timings[to]["seconds_per_step"], strict=True)
-    return _median([mine / theirs for mine, theirs in pairs])
+    return [mine / theirs for mine, theirs in pairs]
+
+
+def _ratio(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> float:
+    """The median over rounds of ``variant``'s time per step over ``to``'s in the same round."""
+    return _median(_round_ratios(results, placement, workload, variant, to))
 
 
 def _gpulayer_ratios(results: dict) -> dict[str, float]:
@@ -241,7 +260,9 @@ def _report(results: dict, ratios: dict[str, float]) -> str:
         + f" in {results['seconds']} s. "
         + ", ".join(f"{key} {value}" for key, value in machine.items())
         + ". Time per step is the median over interleaved rounds of the steady state (warm-up excluded); a ratio is"
-        " the median over rounds of the two variants' times in the same round. Every variant's final loss equals the"
+        " the median over rounds of the two variants' times in the same round. `raw_lightning_order` is the raw loop"
+        " with its step in Lightning's order (`optimizer.step(closure)`; the forward pass, then `zero_grad`, then"
+        " `backward`): the floor for a trainer that keeps Lightning's hook order. Every variant's final loss equals the"
         f" raw loop's (relative tolerance {LOSS_TOLERANCE:.0e} on the CPU, {CUDA_LOSS_TOLERANCE:.0e} on a GPU at"
         f" 32-true, {BF16_LOSS_TOLERANCE:.0e} at bf16-mixed), so each did the same work. Ratios compare runs on this"
         " machine only.",
@@ -255,15 +276,22 @@ def _report(results: dict, ratios: dict[str, float]) -> str:
             lines += [
                 f"## {workload}, {placement} ({data['steps']} steps per fit)",
                 "",
-                "| variant | µs/step | to raw | to Lightning | final loss |",
-                "| --- | ---: | ---: | ---: | ---: |",
+                "| variant | µs/step | to raw | to raw, range over rounds | to Lightning | final loss |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |",
             ]
-            for variant in VARIANTS:
+            for variant in data["variants"]:
                 per_step = _per_step(results, placement, workload, variant)
                 to_raw = _ratio(results, placement, workload, variant)
+                rounds = _round_ratios(results, placement, workload, variant)
+                spread = f"{min(rounds):.3f} to {max(rounds):.3f}" if variant != "raw" else ""
                 to_lightning = _ratio(results, placement, workload, variant, to="lightning")
                 loss = data["variants"][variant]["final_loss"][0]
-                lines.append(f"| {variant} | {per_step * 1e6:.1f} | {to_raw:.3f} | {to_lightning:.3f} | {loss:.6f} |")
+                lines.append(
+                    f"| {variant} | {per_step * 1e6:.1f} | {to_raw:.3f} | {spread} | {to_lightning:.3f} | {loss:.6f} |"
+                )
+            if "raw_lightning_order" in data["variants"]:
+                in_order = _ratio(results, placement, workload, "gpulayer", to="raw_lightning_order")
+                lines += ["", f"GPUlayer over the raw loop in Lightning's order of a step: {in_order:.3f}."]
             target = TARGETS.get((workload, placement))
             if target is not None:
                 ratio = ratios[f"{placement} / {workload}"]
@@ -324,8 +352,10 @@ def _chart(results: dict, path: Path) -> None:
         return
     groups = [(placement, workload) for placement in results["placements"] for workload in WORKLOADS]
     figure, axes = plt.subplots(figsize=(1.7 * len(groups), 4.5))
-    width = 0.8 / len(VARIANTS)
-    for index, variant in enumerate(VARIANTS):
+    first_placement, first_workload = groups[0]
+    variants = list(results["placements"][first_placement][first_workload]["variants"])  # --quick runs fewer
+    width = 0.8 / len(variants)
+    for index, variant in enumerate(variants):
         ratios = [_ratio(results, placement, workload, variant) for placement, workload in groups]
         axes.bar([g + index * width for g in range(len(groups))], ratios, width, label=variant)
     axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])

@@ -7,6 +7,9 @@ time per step while training. All variants take the same batches in the same ord
 and the loss, fp32 weights, no gradient scaler). The batches start on the CPU and each variant moves them.
 
 - ``raw``: the loop a PyTorch user writes by hand (under DDP: the model wrapped in DistributedDataParallel);
+- ``raw_lightning_order``: the same loop in Lightning's order of a step: ``optimizer.step(closure)``, the closure
+  running the forward pass, then ``zero_grad``, then ``backward``. A trainer that keeps Lightning's hook order
+  (``training_step`` before ``optimizer_zero_grad``) cannot go below it; the gap to ``raw`` is the order's cost;
 - ``gpulayer``: GPUlayer's Trainer without logger or checkpoints, as the raw loop writes no files;
 - ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
 - ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 from workloads import Workload
 
-VARIANTS = ("raw", "gpulayer", "lightning", "lightning_defaults")
+VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
 
 
 class Clock:
@@ -70,15 +73,22 @@ def train(
 ) -> float:
     """One fit with ``variant``; ``clock`` (default: a new ``Clock``) holds its timings. Returns the final loss."""
     clock = clock if clock is not None else Clock(len(batches), device)
-    if variant == "raw":
-        net = _raw(workload, batches, clock, distributed, device, precision)
+    if variant.startswith("raw"):
+        lightning_order = variant == "raw_lightning_order"
+        net = _raw(workload, batches, clock, distributed, device, precision, lightning_order)
     else:
         net = _trainer(variant, workload, batches, clock, distributed, device, precision)
     return workload.final_loss(net, batches, device)
 
 
 def _raw(
-    workload: Workload, batches: list, clock: Clock, distributed: bool, device: str, precision: str
+    workload: Workload,
+    batches: list,
+    clock: Clock,
+    distributed: bool,
+    device: str,
+    precision: str,
+    lightning_order: bool,
 ) -> torch.nn.Module:
     net = workload.seeded_net().to(device)
     model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
@@ -89,12 +99,28 @@ def _raw(
         clock.tick(step)
         if moves:
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if lightning_order:
+            _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed)
+            continue
         optimizer.zero_grad()
         with mixed:
             loss = workload.loss(model, (inputs, targets))
         loss.backward()
         optimizer.step()
     return net
+
+
+def _step_in_lightning_order(
+    workload: Workload, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, mixed: Any
+) -> None:
+    def closure() -> torch.Tensor:
+        with mixed:
+            loss = workload.loss(model, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
 
 
 def _trainer(

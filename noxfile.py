@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 import zipfile
@@ -20,7 +21,8 @@ nox.options.default_venv_backend = "virtualenv"  # pip, not uv: pip finds the lo
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint"]
 
-# The CPU build on local disk; a GPU machine sets GPULAYER_TORCH (e.g. "torch==2.13.0" from a CUDA index).
+# The CPU build on local disk; a GPU machine sets GPULAYER_TORCH to a CUDA build, with pip's options if it needs
+# them: "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
 TORCH = os.environ.get("GPULAYER_TORCH", "torch==2.13.0")
 TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
 # What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
@@ -33,14 +35,18 @@ PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 def _install(session: nox.Session) -> None:
     """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools."""
-    session.install(TORCH)
+    session.install(*shlex.split(TORCH))
     test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
     editable = [f"packages/{name}" + EXTRAS.get(name, "") for name in DISTRIBUTIONS]
     session.install(*[arg for path in editable for arg in ("-e", path)], *TEST_TOOLS, *test_requirements)
 
 
-def _pytest(session: nox.Session, marker: str, *extra: str) -> None:
-    session.run(*PYTEST, "-m", marker, *extra, *session.posargs, "packages", "tests")
+# The CPU suites hide any GPU: Trainer(accelerator="auto") would otherwise put their runs on it.
+ON_CPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _pytest(session: nox.Session, marker: str, *extra: str, env: dict[str, str] | None = None) -> None:
+    session.run(*PYTEST, "-m", marker, *extra, *session.posargs, "packages", "tests", env=env)
 
 
 @nox.session
@@ -71,12 +77,16 @@ def multinode(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def cuda(session: nox.Session) -> None:
-    """Tests marked cuda; skipped, saying so, where no GPU is present."""
+    """Tests marked cuda; skipped, saying so, where no GPU is present (an error under GPULAYER_REQUIRE_CUDA=1)."""
     _install(session)
-    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    gpus = int(session.run("python", "-c", probe, silent=True).strip().splitlines()[-1])
-    if gpus == 0:
-        session.skip("no CUDA GPU on this machine: the cuda tests did not run")
+    probe = "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count())"
+    version, cuda, gpus = session.run("python", "-c", probe, silent=True).strip().splitlines()[-1].split()
+    session.log(f"torch {version}, CUDA {cuda}, {gpus} GPU(s) visible")
+    if int(gpus) == 0:
+        why = f"no CUDA GPU visible to torch {version} (CUDA {cuda}): the cuda tests did not run"
+        if os.environ.get("GPULAYER_REQUIRE_CUDA") == "1":
+            session.error(f"{why}; GPULAYER_REQUIRE_CUDA=1 asks for them (is GPULAYER_TORCH a CUDA build?)")
+        session.skip(why)
     _pytest(session, "cuda")
 
 
@@ -164,15 +174,15 @@ def _lint(session: nox.Session) -> None:
 
 
 def _unit(session: nox.Session) -> None:
-    _pytest(session, "not multiprocess and not multinode and not cuda", "-n", "auto")
+    _pytest(session, "not multiprocess and not multinode and not cuda", "-n", "auto", env=ON_CPU)
 
 
 def _gloo(session: nox.Session) -> None:
-    session.run(*PYTEST, "-m", "multiprocess", *session.posargs, "packages", "tests", env={"OMP_NUM_THREADS": "1"})
+    _pytest(session, "multiprocess", env={"OMP_NUM_THREADS": "1", **ON_CPU})
 
 
 def _multinode(session: nox.Session) -> None:
-    session.run(*PYTEST, "-m", "multinode", *session.posargs, "packages", "tests", env={"OMP_NUM_THREADS": "1"})
+    _pytest(session, "multinode", env={"OMP_NUM_THREADS": "1", **ON_CPU})
 
 
 def _demo(session: nox.Session) -> None:

@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    # cuDNN may pick convolution kernels that add in a varying order (atomics): both runs take the deterministic
+    # ones, so that equal weights can prove the same work.
+    torch.backends.cudnn.deterministic = True
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.rounds):
         weights = {}

@@ -30,7 +30,7 @@ class Block(nn.Module):
         self.feed_forward = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        causal = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), diagonal=1)
+        causal = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device), diagonal=1)
         y = self.norm1(x)
         x = x + self.attention(y, y, y, attn_mask=causal, need_weights=False)[0]
         return x + self.feed_forward(self.norm2(x))

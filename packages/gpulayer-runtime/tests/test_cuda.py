@@ -25,7 +25,7 @@ def test_a_local_rank_without_a_device_is_named():
     placement = Placement(
         world_size=rank + 1, global_rank=rank, local_rank=rank, local_world_size=rank + 1, accelerator="cuda"
     )
-    with pytest.raises(RuntimeError, match=f"local rank {rank} needs cuda:{rank}"):
+    with pytest.raises(RuntimeError, match=f"this process needs cuda:{rank}, but this machine has {rank} CUDA"):
         Runtime(placement)
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -160,3 +162,10 @@ def test_placement_is_validated_at_construction():
         Placement(world_size=2, global_rank=2)
     with pytest.raises(ValueError, match="accelerator='mps'"):
         Placement(accelerator="mps")
+
+
+def test_a_chosen_gpu_overrides_the_local_rank_and_must_be_an_index():
+    placement = Placement(world_size=2, global_rank=1, local_rank=1, local_world_size=2, accelerator="cuda")
+    assert dataclasses.replace(placement, cuda_index=3).device == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match="cuda_index=-1: expected a GPU index"):
+        dataclasses.replace(placement, cuda_index=-1)

@@ -1,12 +1,15 @@
 """Where a Trainer's processes come from: a launcher's job it must agree with, or the script run again."""
 
+import dataclasses
 import sys
 import types
 
 import pytest
+import torch
 
+from gpulayer.runtime import Placement
 from gpulayer.trainer import Trainer
-from gpulayer.trainer.world import _node_arguments, _this_script
+from gpulayer.trainer.world import _node_arguments, _this_script, device_of, on_chosen_gpu
 
 TORCHRUN = {"GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "LOCAL_RANK": "0"}
 
@@ -78,3 +81,18 @@ def test_a_published_strategy_that_is_not_installed_names_its_distribution(monke
 def test_an_unknown_strategy_lists_the_accepted_names():
     with pytest.raises(ValueError, match=r"strategy='zero3': accepted values are 'auto', .*'fsdp'"):
         Trainer(strategy="zero3", logger=False)
+
+
+@pytest.mark.parametrize(
+    ("indices", "local_rank", "gpu"),
+    [((1,), 0, 1), ((1, 3), 0, 1), ((1, 3), 1, 3), ((0, 1), 1, 1), (None, 1, 1)],
+)
+def test_each_rank_trains_on_the_gpu_its_local_rank_picks_from_devices(indices, local_rank, gpu):
+    """Lightning's rule: ``devices=[1, 3]`` puts local rank 0 on cuda:1 and local rank 1 on cuda:3, in one process
+    or under a launcher; a count (or "auto", None here) numbers the GPUs from 0."""
+    placement = Placement(world_size=2, global_rank=local_rank, local_rank=local_rank, local_world_size=2)
+    args = types.SimpleNamespace(accelerator="cuda", device_indices=indices)
+    chosen = on_chosen_gpu(dataclasses.replace(placement, accelerator="cuda"), args)
+    assert device_of(args, chosen) == chosen.device == torch.device("cuda", gpu)
+    on_cpu = types.SimpleNamespace(accelerator="cpu", device_indices=(0, 1))
+    assert device_of(on_cpu, on_chosen_gpu(placement, on_cpu)) == torch.device("cpu")

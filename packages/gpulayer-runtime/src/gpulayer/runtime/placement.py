@@ -42,6 +42,7 @@ class Placement:
     accelerator: str = "cpu"
     restart_count: int = 0  # how many times torch's elastic agent restarted this node's workers
     agent_store: bool = False  # the workers' process group is to use the store the agent hosts
+    cuda_index: int | None = None  # the GPU this process uses on CUDA; None: the one numbered by its local rank
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("cpu", "cuda"):
@@ -49,6 +50,8 @@ class Placement:
         _check_rank("global_rank", self.global_rank, "world_size", self.world_size)
         _check_rank("local_rank", self.local_rank, "local_world_size", self.local_world_size)
         _check_rank("node_rank", self.node_rank, "num_nodes", self.num_nodes)
+        if self.cuda_index is not None and self.cuda_index < 0:
+            raise ValueError(f"cuda_index={self.cuda_index}: expected a GPU index, 0 or more, or None")
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None, *, accelerator: str = "auto") -> Placement:
@@ -70,7 +73,9 @@ class Placement:
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cuda", self.local_rank) if self.accelerator == "cuda" else torch.device("cpu")
+        if self.accelerator != "cuda":
+            return torch.device("cpu")
+        return torch.device("cuda", self.local_rank if self.cuda_index is None else self.cuda_index)
 
     @property
     def backend(self) -> str:

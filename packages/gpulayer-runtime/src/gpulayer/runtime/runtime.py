@@ -153,7 +153,7 @@ def _as_timedelta(timeout: timedelta | float | None) -> timedelta | None:
 def _select_cuda_device(device: torch.device) -> None:
     count = torch.cuda.device_count()
     if device.index >= count:
-        raise RuntimeError(f"local rank {device.index} needs {device}, but this machine has {count} CUDA device(s)")
+        raise RuntimeError(f"this process needs {device}, but this machine has {count} CUDA device(s)")
     torch.cuda.set_device(device)
 
 

@@ -129,8 +129,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     version_, internal, gauss = states["python"]
     random.setstate((version_, tuple(internal), gauss))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if "cuda" in states and torch.cuda.is_available():  # the GPUs present, when resumed on fewer than it saved
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
     if "numpy" in states:
         import numpy
 

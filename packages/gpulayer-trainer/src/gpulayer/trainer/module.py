@@ -225,7 +225,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
                 tensor = tensor.to(_metric_dtype())
             return tensor
         if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
-            return torch.tensor(value, device=self.device, dtype=_metric_dtype())
+            return torch.full((), value, device=self.device, dtype=_metric_dtype())  # a fill: no copy to the GPU
         raise ValueError(
             f"self.log({name!r}, {value!r}): accepted values are a Python number or a one-element tensor "
             f"(got {type(value).__name__})"

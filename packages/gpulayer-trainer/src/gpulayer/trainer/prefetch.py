@@ -73,7 +73,7 @@ def _fill(iterator: Iterator[Any], ready: queue.Queue, stop: threading.Event, de
             event = None
             if stream is not None:
                 with torch.cuda.stream(stream):
-                    batch = map_tensors(batch, lambda t: t.pin_memory().to(device, non_blocking=True))
+                    batch = map_tensors(batch, lambda t: _pinned(t).to(device, non_blocking=True))
                     event = torch.cuda.Event()
                     event.record(stream)
             if not _put(ready, stop, (batch, event)):
@@ -81,6 +81,11 @@ def _fill(iterator: Iterator[Any], ready: queue.Queue, stop: threading.Event, de
         _put(ready, stop, _END)
     except BaseException as error:
         _put(ready, stop, _Failure(error))
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor in page-locked memory, so that its copy can overlap; a tensor already on a GPU as it is."""
+    return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
 
 
 def _put(ready: queue.Queue, stop: threading.Event, item: Any) -> bool:

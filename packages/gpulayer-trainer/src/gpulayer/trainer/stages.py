@@ -183,8 +183,6 @@ def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] 
     trainer._data_parallel = trainer._sharded or trainer._data_parallel  # the optimizer holds the shards
     trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
     trainer._optimization = AutomaticOptimization(trainer)
-    if trainer._device.type == "cuda" and trainer.args.benchmark is None:
-        process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
     hooks.both("on_fit_start")
     trainer._logger_rows.hyperparameters()
     if checkpoint is not None:
@@ -192,6 +190,9 @@ def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] 
     if trainer.fit_loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch
         with _isolated_rng():
             _sanity_check(trainer, hooks)
+    if trainer._device.type == "cuda" and trainer.args.benchmark is None:
+        # Counting the planned steps requests the train loader, which Lightning does here, after the sanity check.
+        process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
     trainer.fit_loop.run()
 
 

@@ -8,6 +8,7 @@ torch's elastic agent, which runs the script again on every rank (Lightning re-r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -30,14 +31,22 @@ def find_placement(args: Any) -> tuple[Placement, str, DDPStrategy | Strategy | 
     if placement.source == "in-process":
         if wanted > 1:
             _become_launcher(per_node, args)
-        return placement, name, strategy
+        return on_chosen_gpu(placement, args), name, strategy
     if (placement.world_size, placement.local_world_size) != (wanted, per_node):
         raise ValueError(
             f"devices={per_node} and num_nodes={args.num_nodes} ask for {wanted} processes with {per_node} per node, "
             f"but {placement.source} started {placement.world_size} with {placement.local_world_size} per node "
             f"({placement.num_nodes} node(s)); make them agree (devices='auto' takes the launcher's count)"
         )
-    return placement, name, strategy
+    return on_chosen_gpu(placement, args), name, strategy
+
+
+def on_chosen_gpu(placement: Placement, args: Any) -> Placement:
+    """On CUDA, the rank with local rank ``r`` trains on GPU ``devices[r]`` (Lightning's ``parallel_devices``); a
+    count of devices numbers them from 0, so that is GPU ``r``."""
+    if args.accelerator != "cuda" or args.device_indices is None:
+        return placement
+    return dataclasses.replace(placement, cuda_index=args.device_indices[placement.local_rank])
 
 
 def devices_per_node(args: Any, placement: Placement) -> int:
@@ -50,9 +59,7 @@ def devices_per_node(args: Any, placement: Placement) -> int:
 
 
 def device_of(args: Any, placement: Placement) -> torch.device:
-    if args.accelerator != "cuda":
-        return torch.device("cpu")
-    return torch.device("cuda", placement.local_rank)
+    return placement.device if args.accelerator == "cuda" else torch.device("cpu")
 
 
 def _process_group_placement(accelerator: str) -> Placement | None:
@@ -80,14 +87,9 @@ def _become_launcher(per_node: int, args: Any) -> None:
     if args.num_nodes > 1:
         command += _node_arguments(args.num_nodes)
     command += _this_script(per_node)
-    env = dict(os.environ)
-    if args.accelerator == "cuda" and args.device_indices not in (None, tuple(range(per_node))):
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        names = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in args.device_indices)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, command, env)
+    os.execv(sys.executable, command)  # each rank runs the script again: its Trainer picks its GPU from devices
 
 
 def _node_arguments(num_nodes: int) -> list[str]:

@@ -281,8 +281,8 @@ def _report(results: dict, ratios: dict[str, float]) -> str:
             ]
             for variant in data["variants"]:
                 per_step = _per_step(results, placement, workload, variant)
-                to_raw = _ratio(results, placement, workload, variant)
                 rounds = _round_ratios(results, placement, workload, variant)
+                to_raw = _median(rounds)
                 spread = f"{min(rounds):.3f} to {max(rounds):.3f}" if variant != "raw" else ""
                 to_lightning = _ratio(results, placement, workload, variant, to="lightning")
                 loss = data["variants"][variant]["final_loss"][0]

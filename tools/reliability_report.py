@@ -18,6 +18,7 @@ AREAS = ("Faults", "Preemption and restart", "Bad input", "Data and model faults
 COLUMNS = {
     "exit_status": "exit",
     "seconds_to_exit": "time to exit (s)",
+    "rank_seconds_to_exit": "failing rank's exit (s)",
     "processes_left": "processes left",
     "files_written": "files written",
     "data_lost": "data lost",

@@ -9,6 +9,8 @@ agent). Each rank writes ``OUT/pid<R>`` on starting; the rank that injects the f
 - ``raise_in_training_step``, ``raise_in_validation_step``, ``raise_in_callback`` (a Callback's
   ``on_train_batch_end``), ``raise_in_checkpoint_save`` (the module's ``on_save_checkpoint`` while
   ModelCheckpoint saves): a RuntimeError naming the rank;
+- ``raise_and_linger``: the RuntimeError in ``training_step``, then an exit that waits (in an atexit handler) for
+  the agent's SIGTERM, so that the peer, whose all-reduce times out, dies first;
 - ``sigkill``: the rank SIGKILLs itself inside ``training_step``;
 - ``desync``: the rank enters ``trainer.runtime.barrier()`` (at ``DESYNC_LINE``) that its peer skips;
 - ``kill_during_save``: global rank 0 writes half of its second checkpoint, then SIGKILLs itself. ``torch.save``
@@ -21,6 +23,7 @@ agent). Each rank writes ``OUT/pid<R>`` on starting; the rank that injects the f
 from __future__ import annotations
 
 import ast
+import atexit
 import hashlib
 import io
 import os
@@ -41,6 +44,7 @@ from gpulayer.callbacks import ModelCheckpoint
 FAULTS = (
     None,
     "raise_in_training_step",
+    "raise_and_linger",
     "raise_in_validation_step",
     "raise_in_callback",
     "raise_in_checkpoint_save",
@@ -77,7 +81,9 @@ def main() -> None:
         raise SystemExit(f"fault={options['fault']!r}: one of {FAULTS}")
     if "RANK" in os.environ:  # a rank the launcher started: the test checks that none outlives the job
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"pid{os.environ['RANK']}").write_text(str(os.getpid()))
+        written = out / f".pid{os.environ['RANK']}"  # then renamed: a reader never sees half a pid
+        written.write_text(str(os.getpid()))
+        written.replace(out / f"pid{os.environ['RANK']}")
     run(out, SimpleNamespace(**options))
 
 
@@ -110,6 +116,10 @@ def run(out: Path, o: SimpleNamespace) -> None:
             trainer = self.trainer
             if o.fault == "raise_in_training_step" and here(trainer, batch_idx):
                 injecting(o.fault)
+                raise RuntimeError(f"injected fault in training_step on rank {o.rank}")
+            if o.fault == "raise_and_linger" and here(trainer, batch_idx):
+                injecting(o.fault)
+                atexit.register(_wait_for_the_agent)
                 raise RuntimeError(f"injected fault in training_step on rank {o.rank}")
             if o.fault == "sigkill" and here(trainer, batch_idx):
                 injecting(o.fault)
@@ -177,6 +187,10 @@ def run(out: Path, o: SimpleNamespace) -> None:
         "weights": model.state_dict(),
     }
     _save(record, out / f"rank{trainer.global_rank}.pt")
+
+
+def _wait_for_the_agent() -> None:
+    signal.pause()  # until the agent, having seen the peer fail, stops this rank with SIGTERM
 
 
 def _half_then_sigkill(out: Path, injecting):

@@ -27,6 +27,14 @@ class Job:
     seconds_to_exit: float | None  # from the fault (the time the script wrote just before it) to the launcher's exit
     processes: dict[int, str]  # every process of the job seen while it ran: pid -> start time
     rank_pids: dict[int, int]
+    rank_exit_times: dict[int, float]  # global rank -> when its process was first seen ended (time.time())
+    fault_time: float | None
+
+    def seconds_to_rank_exit(self, rank: int) -> float | None:
+        """From the fault to the end of ``rank``'s process (within the polling interval), if both were seen."""
+        if self.fault_time is None or rank not in self.rank_exit_times:
+            return None
+        return self.rank_exit_times[rank] - self.fault_time
 
     @property
     def processes_left(self) -> list[int]:
@@ -47,12 +55,18 @@ def run_job(out: Path, launcher: list[str] | None = None, **options: object) -> 
     with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as stderr:
         process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=clean_environment(), start_new_session=True)
     seen: dict[int, str] = {}
+    rank_pids: dict[int, int] = {}
+    rank_exits: dict[int, float] = {}
     deadline = time.monotonic() + JOB_DEADLINE_S
     try:
         while True:
             for pid in (process.pid, *descendants(process.pid)):
                 if pid not in seen and (started := _start_time(pid)) is not None:
                     seen[pid] = started
+            rank_pids.update(_rank_pids(out, rank_pids))
+            for rank, pid in rank_pids.items():
+                if rank not in rank_exits and not _running(pid):
+                    rank_exits[rank] = time.time()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.05)
                 break
@@ -68,13 +82,35 @@ def run_job(out: Path, launcher: list[str] | None = None, **options: object) -> 
                         os.kill(pid, signal.SIGKILL)
     exited = time.time()
     fault = out / "fault_time"
+    fault_time = float(fault.read_text()) if fault.exists() else None
     return Job(
         exit_status=process.returncode,
         stderr=_read(out / "stderr.txt"),
-        seconds_to_exit=exited - float(fault.read_text()) if fault.exists() else None,
+        seconds_to_exit=exited - fault_time if fault_time is not None else None,
         processes=seen,
         rank_pids={int(path.name.removeprefix("pid")): int(path.read_text()) for path in out.glob("pid*")},
+        rank_exit_times=rank_exits,
+        fault_time=fault_time,
     )
+
+
+def _rank_pids(out: Path, known: dict[int, int]) -> dict[int, int]:
+    """The pids the ranks wrote (``OUT/pid<R>``) that are not yet in ``known``; a file still being written waits."""
+    found = {}
+    for path in out.glob("pid*"):
+        rank = int(path.name.removeprefix("pid"))
+        if rank not in known and (text := path.read_text()):
+            found[rank] = int(text)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (ended, not yet reaped by the agent) has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _start_time(pid: int) -> str | None:

@@ -69,16 +69,42 @@ def test_an_exception_on_one_rank_ends_the_job_with_its_traceback(tmp_path, outc
     message = f"RuntimeError: injected fault in {where} on rank {rank}"
     assert "Traceback (most recent call last)" in report, job.stderr
     assert f", in {where}\n" in report and message in report, job.stderr
+    assert job.seconds_to_rank_exit(rank) is not None, "the raising rank's end was not seen"
     outcome(
         "Faults",
         f"exception on rank {rank} only, in {where}",
+        exit_status=job.exit_status,
+        seconds_to_exit=round(job.seconds_to_exit, 1),
+        rank_seconds_to_exit=round(job.seconds_to_rank_exit(rank), 2),
+        processes_left=len(job.processes_left),
+        processes_seen=len(job.processes),
+        names_rank=True,
+        data_lost="the steps since the last checkpoint",
+        result=f"the launcher exits 1 naming rank {rank} with its traceback ending in {where}; no process is left",
+    )
+
+
+def test_the_rank_that_raised_is_blamed_when_its_peer_dies_first(tmp_path, outcome):
+    # Rank 1 records its error, then does not exit: rank 0's gradient all-reduce times out, rank 0 dies first, and
+    # the agent stops rank 1 with SIGTERM. Rank 1's recorded exception, not the order of exits, decides the blame.
+    job = run_job(tmp_path, fault="raise_and_linger", rank=1, batch=2, max_epochs=1, timeout=DESYNC_TIMEOUT_S)
+    report = assert_ended_naming(job, 1, "was killed by signal SIGTERM: RuntimeError: injected fault in training_step")
+    assert ", in training_step\n" in report, job.stderr
+    assert "CollectiveError: DDP's gradient all-reduce timed out on rank 0" in job.stderr, "rank 0 should die first"
+    outcome(
+        "Faults",
+        "exception on rank 1, which exits only when stopped, after its peer timed out and died",
         exit_status=job.exit_status,
         seconds_to_exit=round(job.seconds_to_exit, 1),
         processes_left=len(job.processes_left),
         processes_seen=len(job.processes),
         names_rank=True,
         data_lost="the steps since the last checkpoint",
-        result=f"the launcher exits 1 naming rank {rank} with its traceback ending in {where}; no process is left",
+        result=(
+            "rank 0's all-reduce times out and rank 0 dies first, then the agent stops rank 1 with SIGTERM; the "
+            "launcher still names rank 1 and its RuntimeError with the traceback ending in training_step, from its "
+            "error record"
+        ),
     )
 
 
@@ -150,6 +176,7 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_
     assert [r["started_at_step"] for r in records] == [[STEPS_PER_EPOCH]] * 2, "should resume from last.ckpt"
     assert [r["global_step"] for r in records] == [2 * STEPS_PER_EPOCH] * 2
     assert torch.load(last, weights_only=True)["global_step"] == 2 * STEPS_PER_EPOCH
+    assert sorted(folder.glob(".tmp-*.ckpt")) == [], "the resumed run's first save removes the dead writer's file"
     outcome(
         "Faults",
         "SIGKILL of rank 0 while writing a checkpoint",
@@ -162,6 +189,7 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_
         leftover_files=[path.name for path in partial],
         result=(
             "the launcher exits 1 naming rank 0; last.ckpt is the previous save, loads, and the run resumes from it "
-            "to the end; the half-written temporary file stays in the checkpoint folder"
+            "to the end; the half-written temporary file stays in the checkpoint folder until the resumed run's first "
+            "save, which removes it (its writer's lock died with it)"
         ),
     )

@@ -393,6 +393,26 @@ def test_a_resumed_run_continues_the_top_k_bookkeeping(tmp_path, resume):
     assert snapshots["gpulayer"] == snapshots["lightning"]
 
 
+def test_a_dead_writers_leftover_is_removed_and_never_counted_in_the_top_k(tmp_path):
+    # A save killed mid-file leaves a temporary file; the next run into the folder ends as Lightning's run into an
+    # empty folder: the same files, the same top-k books.
+    kwargs = MONITOR | dict(dirpath="ckpts", save_top_k=2, save_last=True)
+    module = dict(values=DOWN_UP)
+    snapshots = {}
+    for framework in FRAMEWORKS:
+        root = tmp_path / framework
+        if framework == "lightning":
+            (callback,) = _lightning(_fit, framework, str(root), checkpoints=[kwargs], module=module)
+        else:
+            (root / "ckpts").mkdir(parents=True)
+            (root / "ckpts" / ".tmp-dead0000.ckpt").write_bytes(b"half a checkpoint")  # no writer holds it
+            with pytest.warns(UserWarning, match="exists and is not empty"):
+                (callback,) = _fit(framework, str(root), checkpoints=[kwargs], module=module)
+        snapshots[framework] = _snapshot(callback, str(root))
+    assert snapshots["gpulayer"] == snapshots["lightning"]
+    assert len(snapshots["gpulayer"]["best_k_models"]) == 2
+
+
 def test_a_resume_into_another_folder_restores_only_the_best_path(tmp_path):
     snapshots = {}
     for framework in FRAMEWORKS:

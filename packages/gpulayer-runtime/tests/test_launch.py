@@ -109,6 +109,19 @@ def test_a_failing_script_reports_its_rank_and_traceback(tmp_path):
     assert not [pid for pid in _pids(tmp_path) if is_alive(pid)]
 
 
+def test_the_rank_that_raised_is_blamed_even_when_its_peer_dies_first(tmp_path):
+    # Rank 1 records its error, then breaks the group and stays alive: rank 0's all-reduce fails and rank 0 exits
+    # first, so the agent stops rank 1 with SIGTERM. Its recorded exception, not the exit order, decides the blame.
+    finished = _gpulayer("launch", "--nproc-per-node", "2", RANK_SCRIPT, str(tmp_path), "--fail-rank", "1", "--linger")
+    assert finished.returncode == 1
+    blamed = "gpulayer launch: rank 1 (local rank 1, pid"
+    assert blamed in finished.stderr, finished.stderr
+    report = finished.stderr[finished.stderr.index(blamed) :]
+    assert "was killed by signal SIGTERM: ValueError: boom on rank 1" in report.splitlines()[0], finished.stderr
+    assert "CollectiveError: all_reduce failed on rank 0" in finished.stderr, "rank 0 should have died of it first"
+    assert not [pid for pid in _pids(tmp_path) if is_alive(pid)]
+
+
 def test_launch_in_a_placed_process_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(RuntimeError, match="already started"):

@@ -1,5 +1,6 @@
 """Checkpoints: Lightning's layout, atomic writes, safe loading, and resuming to the weights of an unbroken run."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Callback, Module, Trainer, seed_everything
+from gpulayer.trainer import checkpoint_io
 from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
 
 
@@ -255,6 +257,55 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_p
     resumed = _trainer(tmp_path, max_epochs=2)
     resumed.fit(Regressor(), _loader(), ckpt_path=path)
     assert resumed.global_step == 20
+
+
+@contextlib.contextmanager
+def _writer_stopped_mid_save(path):
+    """A process that has written half of ``path``'s temporary file and waits (on its stdin) to finish the save;
+    killed, if still running, when the block ends."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout.readline() == b"half written\n"
+            yield child
+        finally:
+            child.kill()
+
+
+def _temporaries(folder):
+    return sorted(name for name in os.listdir(folder) if name.startswith(".tmp-") and name.endswith(".ckpt"))
+
+
+def test_the_next_save_removes_a_dead_writers_temporary_and_never_a_live_ones(tmp_path):
+    with _writer_stopped_mid_save(tmp_path / "dead.ckpt"):
+        (left_by_dead,) = _temporaries(tmp_path)
+    with _writer_stopped_mid_save(tmp_path / "live.ckpt") as live:  # another job sharing the folder, still writing
+        (being_written,) = set(_temporaries(tmp_path)) - {left_by_dead}
+        checkpoint_io.save_atomic({"step": 1}, tmp_path / "mine.ckpt")
+        assert _temporaries(tmp_path) == [being_written], "only the dead writer's file should be gone"
+        live.stdin.close()  # the live writer finishes its save, undisturbed
+        assert live.wait(timeout=60) == 0
+    assert _temporaries(tmp_path) == []
+    assert (tmp_path / "live.ckpt").stat().st_size == 1_000_000
+    assert checkpoint_io.load(tmp_path / "mine.ckpt") == {"step": 1}
+
+
+def test_a_restarted_worker_resumes_from_a_checkpoint_never_from_a_dead_writers_temporary(tmp_path, monkeypatch):
+    folder = tmp_path / "checkpoints"  # the default checkpoint's folder, without a logger
+    options = dict(enable_checkpointing=True, logger=False)
+    _trainer(tmp_path, max_epochs=1, **options).fit(Regressor(), _loader())
+    with _writer_stopped_mid_save(folder / "next.ckpt"):  # the newest file in the folder: half a checkpoint
+        pass
+    assert len(_temporaries(folder)) == 1
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    resumed = _trainer(tmp_path, max_epochs=2, **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty", UserWarning)
+        resumed.fit(Regressor(), _loader())
+    assert resumed.global_step == 20
+    assert "epoch=1-step=20.ckpt" in os.listdir(folder)
+    assert _temporaries(folder) == [], "the save after epoch 1 removes the leftover"
 
 
 class _Stream(torch.utils.data.IterableDataset):

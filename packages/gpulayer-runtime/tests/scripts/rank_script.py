@@ -1,14 +1,23 @@
 """A training-like script for launch tests: join the job, all-reduce, and write what this rank saw."""
 
 import argparse
+import atexit
 import json
 import os
 import signal
 import sys
 
 import torch
+import torch.distributed as dist
 
 from gpulayer.runtime import Runtime
+
+
+def break_the_group_then_wait() -> None:
+    """A slow exit after the error is recorded: the peers see the group vanish and die while this rank is alive,
+    until the agent, having seen them fail, stops it with SIGTERM."""
+    dist.destroy_process_group()
+    signal.pause()
 
 
 def main() -> None:
@@ -16,12 +25,15 @@ def main() -> None:
     parser.add_argument("outdir")
     parser.add_argument("--fail-rank", type=int)
     parser.add_argument("--kill-rank", type=int)
+    parser.add_argument("--linger", action="store_true", help="the failing rank exits only when the agent stops it")
     args = parser.parse_args()
     with Runtime(accelerator="cpu") as runtime:
         rank = runtime.global_rank
         with open(os.path.join(args.outdir, f"pid{rank}"), "w") as pid_file:
             pid_file.write(str(os.getpid()))
         if rank == args.fail_rank:
+            if args.linger:
+                atexit.register(break_the_group_then_wait)
             raise ValueError(f"boom on rank {rank}")
         if rank == args.kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -179,16 +179,18 @@ def _worker_defaults(defaults: dict[str, str]) -> Iterator[None]:
 
 
 def _worker_failed(failed: Any) -> WorkerFailedError:
-    """The root cause among the failed workers.
+    """The root cause among the failed workers, whatever order they exited in.
 
-    torch picks the earliest failure by a timestamp in whole seconds, so a rank whose collective broke because
-    its peer died often ties with, and wins over, the peer. Prefer a real error; then a failed collective
-    (it names the call that could not complete); last a rank ended by SIGTERM, which is how the agent stops
-    the survivors. Among equals, the earliest.
+    A rank's error record (the file torch's ``record`` writes before the interpreter exits) outranks its exit code:
+    the rank that raised may still be exiting when a peer, whose collective broke because of it, has already died
+    and the agent has stopped the raiser with SIGTERM. So: a recorded exception of the user's first; then a death no
+    record explains (SIGKILL, an exit code); then a recorded consequence (a failed collective names the call that
+    could not complete); last a rank the agent stopped with SIGTERM before it recorded anything. Among equals, the
+    earliest.
     """
     failures = [(rank, failure, *_message_and_traceback(failure)) for rank, failure in failed.failures.items()]
     rank, failure, message, traceback = min(
-        failures, key=lambda f: (_consequence_tier(f[1], f[2]), f[1].timestamp, _error_file_time(f[1]), f[0])
+        failures, key=lambda f: (_blame_order(f[1], f[2]), f[1].timestamp, _error_file_time(f[1]), f[0])
     )
     if len(failures) > 1:
         message += f" ({len(failures) - 1} other rank(s) failed as well)"
@@ -199,10 +201,11 @@ def _worker_failed(failed: Any) -> WorkerFailedError:
 _CONSEQUENCES = ("CollectiveError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
 
-def _consequence_tier(failure: Any, message: str) -> int:
-    if failure.exitcode == -signal.SIGTERM:
-        return 2
-    return 1 if message.startswith(_CONSEQUENCES) else 0
+def _blame_order(failure: Any, message: str) -> int:
+    recorded = isinstance(failure.message, dict)
+    if recorded:
+        return 2 if message.startswith(_CONSEQUENCES) else 0
+    return 3 if failure.exitcode == -signal.SIGTERM else 1
 
 
 def _message_and_traceback(failure: Any) -> tuple[str, str | None]:

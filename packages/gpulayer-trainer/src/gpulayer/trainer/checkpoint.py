@@ -211,7 +211,11 @@ def _newest_checkpoint(trainer: Any, hpc: str | None) -> str | None:
     for callback in trainer.checkpoint_callbacks:
         folder = getattr(callback, "dirpath", None)
         if folder and os.path.isdir(folder):
-            candidates += [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".ckpt")]
+            candidates += [
+                os.path.join(folder, n)
+                for n in os.listdir(folder)
+                if n.endswith(".ckpt") and not checkpoint_io.is_temporary(n)
+            ]
     return max(candidates, key=os.path.getmtime, default=None)
 
 

@@ -1,49 +1,114 @@
 """Writing a checkpoint file so that no crash can lose the previous one, and reading one without running code.
 
 Writes go to a temporary file in the same folder, are flushed and fsynced, then renamed over the target:
-a process killed mid-save leaves the old file intact. Reads use ``torch.load(weights_only=True)``: only
+a process killed mid-save leaves the old file intact, and its temporary ``.tmp-*.ckpt`` behind. The writer holds an
+exclusive lock on its temporary file until the rename, and the lock dies with the writer: the next save into the
+folder removes the temporaries nobody holds, never one that a live writer (another job sharing the folder) is
+still writing. Reads use ``torch.load(weights_only=True)``: only
 tensors and plain Python values are rebuilt; a file holding anything else is refused, naming the type, unless
 the caller says the file is trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
 import tempfile
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 import torch
 
 from gpulayer.trainer.private_files import make_folders
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so leftovers are never taken for dead and stay
+    fcntl = None
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """The checkpoint holds an object that could run code when loaded."""
 
 
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name in a checkpoint folder is a save under way (or the leftover of a writer that died)."""
+    return name.startswith(TEMPORARY_PREFIX) and name.endswith(TEMPORARY_SUFFIX)
+
+
 def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` via a temporary file and a rename; the folder is created if missing."""
+    """``torch.save`` to ``path`` via a temporary file and a rename; the folder is created if missing, and the
+    temporaries that dead writers left in it are removed."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     make_folders(folder)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".ckpt")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    remove_dead_temporaries(folder)
+    with _locked_temporary(folder) as (file, temporary):
+        torch.save(checkpoint, file)
+        file.flush()
+        os.fsync(file.fileno())
+        os.replace(temporary, path)  # under the lock: a sweeper must not take a finished file for a dead one
     directory = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def remove_dead_temporaries(folder: str) -> list[str]:
+    """Remove the ``.tmp-*.ckpt`` files in ``folder`` whose writer is gone (no process holds their lock); return
+    their names. A file that a live writer holds stays."""
+    if fcntl is None:
+        return []
+    try:
+        names = [name for name in os.listdir(folder) if is_temporary(name)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            handle = os.open(path, os.O_RDWR)  # read-write: NFS grants exclusive locks only to writers
+        except OSError:  # renamed or removed meanwhile, or not ours to open
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its writer is alive
+            os.close(handle)
+            continue
+        try:
+            if os.path.samestat(os.fstat(handle), os.stat(path)):  # not renamed by a writer that just finished
+                os.unlink(path)
+                removed.append(name)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(handle)
+    return removed
+
+
+@contextlib.contextmanager
+def _locked_temporary(folder: str) -> Iterator[tuple[IO[bytes], str]]:
+    """A new temporary file in ``folder``, locked until closed; removed if the block fails before renaming it."""
+    while True:
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if os.fstat(handle).st_nlink:
+            break
+        os.close(handle)  # a sweeper locked it between its creation and our lock, and removed it: take another
+    try:
+        with os.fdopen(handle, "wb") as file:
+            yield file, temporary
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: Any = "cpu") -> dict[str, Any]:

@@ -12,8 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpulayer.trainer import Callback, Module, Trainer, seed_everything
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, seed_everything
 from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
 
 

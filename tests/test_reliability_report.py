@@ -38,3 +38,16 @@ def test_check_fails_when_the_suite_gained_or_lost_a_case(tmp_path, capsys):
     assert reliability_report.main(["--check", str(records), str(report)]) == 1
     errors = capsys.readouterr().err
     assert "missing Bad input: devices=0" in errors and "no longer in the suite Faults: SIGKILL" in errors
+
+
+def test_the_hand_written_flake_hunts_survive_a_rewrite_and_are_no_cases(tmp_path):
+    records, report = tmp_path / "records", tmp_path / "reliability.md"
+    _record(records, "a", "Faults", "SIGKILL", result="ends")
+    reliability_report.main([str(records), str(report)])
+    hunts = "\n## Flake hunts\n\n| run | result |\n| --- | --- |\n| full 1 | passed |\n"
+    report.write_text(report.read_text() + hunts)
+    _record(records, "b", "Faults", "SIGTERM", result="ends")
+    assert reliability_report.main([str(records), str(report)]) == 0
+    text = report.read_text()
+    assert text.endswith(hunts) and "| SIGTERM |" in text
+    assert reliability_report.cases_in(text) == {("Faults", "SIGKILL"), ("Faults", "SIGTERM")}

@@ -2,7 +2,8 @@
 
 ``python tools/reliability_report.py RECORDS docs/reliability.md`` writes the report from the JSON records the suite
 left in RECORDS (``GPULAYER_RELIABILITY_OUT``, see ``tests/reliability/conftest.py``); ``--check`` instead fails when
-the report lists other cases than the records do, so a case added or dropped cannot leave the table stale.
+the report lists other cases than the records do, so a case added or dropped cannot leave the table stale. The
+report's hand-written part, from its ``## Flake hunts`` heading on, is kept as it is.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ COLUMNS = {
     "files_written": "files written",
     "data_lost": "data lost",
 }
+HAND_WRITTEN = "\n## Flake hunts"
 HEADER = """# Reliability: what the suite measured
 
 Every row below is a case of the reliability suite (`tests/reliability/`), as measured by its last run on a 2-core
-CPU machine with gloo (times are from the fault to the job's exit): `nox -s reliability` runs the suite and rewrites this
-file, and CI fails when the cases here differ from the suite's. A "Known gaps" section, when there is one, lists the
-cases the suite expects to fail (strict xfail), each with what is missing; its test turns red the day it is fixed.
+CPU machine with gloo (times are from the fault to the job's exit; "failing rank's exit" is from the exception to the
+end of the process that raised it): `nox -s reliability` runs the suite and rewrites this file, and CI fails when the
+cases here differ from the suite's. A "Known gaps" section, when there is one, lists the cases the suite expects to
+fail (strict xfail), each with what is missing; its test turns red the day it is fixed.
 """
 
 
@@ -42,7 +45,7 @@ def load(records: Path) -> list[dict]:
     return sorted(entries, key=lambda e: (AREAS.index(e["area"]), e["test"], e["case"]))
 
 
-def render(entries: list[dict]) -> str:
+def render(entries: list[dict], hand_written: str = "") -> str:
     parts = [HEADER]
     for area in AREAS:
         rows = [e for e in entries if e["area"] == area]
@@ -56,7 +59,13 @@ def render(entries: list[dict]) -> str:
             measured = entry["measured"]
             cells = [_cell(entry["case"]), *(_cell(measured.get(c, "")) for c in columns)]
             parts.append(_row([*cells, _cell(measured.get("result", "")), f"`{_test_name(entry['test'])}`"]))
-    return "\n".join(parts) + "\n"
+    return "\n".join(parts) + "\n" + hand_written
+
+
+def hand_written_part(report: str) -> str:
+    """The part of an existing report that no record writes: from the ``## Flake hunts`` heading to the end."""
+    start = report.find(HAND_WRITTEN)
+    return report[start:] if start != -1 else ""
 
 
 def cases_in(report: str) -> set[tuple[str, str]]:
@@ -65,6 +74,8 @@ def cases_in(report: str) -> set[tuple[str, str]]:
     for line in report.splitlines():
         if heading := re.match(r"## (.+) \(\d+ cases?\)$", line):
             area = heading.group(1)
+        elif line.startswith("## "):  # a hand-written section: its tables are not cases
+            area = None
         elif area and line.startswith("| ") and not line.startswith(("| case |", "| --- |")):
             found.add((area, line[2:].split(" | ", 1)[0].replace("\\|", "|")))
     return found
@@ -90,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     entries = load(args.records)
     if not args.check:
-        args.report.write_text(render(entries))
+        existing = args.report.read_text() if args.report.exists() else ""
+        args.report.write_text(render(entries, hand_written_part(existing)))
         print(f"{args.report}: {len(entries)} cases")
         return 0
     expected = {(e["area"], _cell(e["case"]).replace("\\|", "|")) for e in entries}

@@ -7,7 +7,8 @@
 # machine that leaves the tests one core's worth of headroom, as a busy CI runner does), then runs the README's
 # `nox -s tests` N times (--full, default 5) and the multi-process tiers alone (`nox -s gloo multinode`) N times
 # (--tiers, default 20). Each run's log is OUT/full-I.log or OUT/tiers-I.log; OUT/summary.tsv has a line a run
-# (kind, index, exit status, seconds, failed tests). The load stops with the hunt, however the hunt ends.
+# (kind, index, exit status, seconds, failed tests). The load stops with the hunt, however the hunt ends; Ctrl-C
+# stops the run under way too (`kill -- -PGID` from elsewhere).
 set -euo pipefail
 usage() { echo "usage: bash tools/flake_hunt.sh OUT [--full N] [--tiers N] [--load K] [--commit REV]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -29,6 +30,8 @@ echo "commit $(git -C "$out/clone" rev-parse --short HEAD), load $load, $(nproc)
 loaders=()
 stop_load() { [ ${#loaders[@]} -eq 0 ] || kill "${loaders[@]}" 2>/dev/null || true; }
 trap stop_load EXIT
+trap 'exit 130' INT  # bash runs the EXIT trap on a signal only when the signal is trapped
+trap 'exit 143' TERM
 for _ in $(seq 1 "$load"); do
     python3 -c "while True: pass" &
     loaders+=($!)

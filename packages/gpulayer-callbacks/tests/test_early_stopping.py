@@ -227,7 +227,8 @@ SCENARIOS = [
         )
         for choice in (True, False, None)
     ),
-    # Lightning quirk §9.2, matched: an int 1 (validate every batch) equals 1.0, so the check is at epoch end.
+    # Lightning's EarlyStopping.setup, matched: an int 1 (validate every batch) equals 1.0, so the check is at
+    # epoch end.
     pytest.param(
         [1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9],
         {"patience": 2},
@@ -270,7 +271,8 @@ def test_a_scripted_sequence_stops_where_lightning_stops(tmp_path, values, stopp
 
 
 def test_the_documented_stop_points(tmp_path):
-    """The §5.1 observations, through GPUlayer alone: (values, arguments) -> (epochs run, stopped_epoch)."""
+    """Stop points observed under Lightning 2.6 (``EarlyStopping._evaluate_stopping_criteria``), through GPUlayer
+    alone: (values, arguments) -> (epochs run, stopped_epoch)."""
     cases = [
         ([1, 0.9, 0.9, 0.9, 0.9, 0.9], {"patience": 3}, 5, 4, "PATIENCE_EXHAUSTED"),
         ([1, 0.9, 0.85, 0.84, 0.83, 0.82], {"patience": 2, "min_delta": 0.05}, 6, 5, "PATIENCE_EXHAUSTED"),
@@ -289,8 +291,9 @@ def test_the_documented_stop_points(tmp_path):
 
 
 def test_a_time_based_val_check_interval_checks_after_each_validation(tmp_path):
-    """Quirk §9.3: Lightning's setup crashes on a time-based interval; GPUlayer checks after every validation, as
-    for any interval other than once per epoch. A zero interval validates after every batch, like Lightning's 0.0."""
+    """Lightning's ``EarlyStopping.setup`` crashes on a time-based interval, which leaves ``val_check_interval``
+    unset; GPUlayer checks after every validation, as for any interval other than once per epoch. A zero interval
+    validates after every batch, like Lightning's 0.0."""
     values = [1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
     kwargs = {"stopper": {"patience": 3}, "module": {"per_validation": True}}
     with _lightning_quiet("lightning"), pytest.raises(AttributeError, match="val_check_interval"):

@@ -1,4 +1,4 @@
-"""``ModelCheckpoint`` against Lightning 2.6's (reference §5.2): the same scripted run under both trainers must
+"""``ModelCheckpoint`` against Lightning 2.6's: the same scripted run under both trainers must
 leave the same checkpoint files and the same bookkeeping (paths relative to the run's root folder).
 
 The scripted module logs a monitored value taken from a list: by epoch, or by validation run when validation
@@ -181,7 +181,7 @@ SCENARIOS = {
         checkpoints=[MONITOR | dict(dirpath="low"), MONITOR | dict(dirpath="high", mode="max", save_top_k=2)],
         module=dict(values=DOWN_UP),
     ),
-    # Quirk §9.1, kept: last.ckpt is refreshed only with a top-k save, so here it stays at epoch 0.
+    # Kept from Lightning's ModelCheckpoint: last.ckpt is refreshed only with a top-k save, so here it stays at epoch 0.
     "save_last lags with a monitor": dict(checkpoints=[MONITOR | dict(save_last=True)], module=dict(values=RISING)),
     "save_last link": dict(checkpoints=[MONITOR | dict(save_last="link")], module=dict(values=DOWN_UP)),
     "save_last link, no monitor": dict(checkpoints=[dict(save_last="link", save_top_k=-1)]),
@@ -224,7 +224,8 @@ SCENARIOS = {
         checkpoints=[MONITOR | dict(every_n_train_steps=3, save_top_k=-1, save_on_train_epoch_end=False)],
         module=dict(values=DOWN_UP),
     ),
-    # Quirk §9.21, kept: without a monitor, a same-named file from this run is overwritten, never versioned.
+    # Kept from Lightning's ModelCheckpoint._save_none_monitor_checkpoint: without a monitor, a same-named file
+    # from this run is overwritten, never versioned.
     "no monitor overwrites a same-named file": dict(
         checkpoints=[dict(filename="{epoch}", every_n_train_steps=2, save_top_k=-1)]
     ),

@@ -1,4 +1,4 @@
-"""Distributed samplers as Lightning injects them (§1.11), checked against Lightning's own wrappers."""
+"""Distributed samplers as Lightning 2.6's ``_get_distributed_sampler`` injects them, checked against its wrappers."""
 
 import pytest
 import torch

@@ -148,7 +148,8 @@ MODE_RECORDING = {
 
 @pytest.mark.parametrize("inference_mode", [True, False])
 def test_train_eval_and_grad_modes_in_every_step(differential, inference_mode):
-    """fit validates under no_grad; validate/test/predict under inference_mode or no_grad (§1.12)."""
+    """fit validates under no_grad; validate/test/predict under inference_mode or no_grad (Lightning's
+    ``_no_grad_context`` in ``lightning/pytorch/loops/utilities.py``)."""
     differential(
         trainer=dict(max_epochs=1, inference_mode=inference_mode),
         module=MODE_RECORDING,
@@ -158,8 +159,9 @@ def test_train_eval_and_grad_modes_in_every_step(differential, inference_mode):
 
 @pytest.mark.parametrize("override_train_hook", [False, True])
 def test_a_frozen_eval_submodule_stays_in_eval_mode(differential, override_train_hook):
-    """§4.6: no automatic model.train() at fit start (Lightning warns); eval loops restore each submodule's mode
-    unless on_validation_model_train is overridden, whose default then puts the whole model in train mode."""
+    """No automatic model.train() at fit start (Lightning warns, in ``_FitLoop._warn_if_modules_in_eval_mode``);
+    eval loops restore each submodule's mode unless on_validation_model_train is overridden, whose default then
+    puts the whole model in train mode."""
 
     def setup(self, stage):
         self.net[0].eval()

@@ -4,7 +4,8 @@ import pytest
 
 
 def test_fit_validate_test_predict_with_a_datamodule(differential):
-    """DataModule hooks run before the callback's and module's (§4); its loaders replace the module's."""
+    """DataModule hooks run before the callback's and module's (Lightning's ``_call_setup_hook``); its loaders replace
+    the module's."""
     both = differential(data_source="datamodule", stages=("fit", "validate", "test", "predict"))
     fit = both.lightning.hooks["fit"]
     assert fit.index("D.setup(fit)") < fit.index("C.setup(fit)") < fit.index("M.setup(fit)")

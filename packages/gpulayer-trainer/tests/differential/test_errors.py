@@ -136,8 +136,9 @@ def test_limits_that_only_fail_once_the_loaders_are_known(differential, trainer)
 
 @pytest.mark.parametrize("arguments", [dict(accumulate_grad_batches=0), dict(check_val_every_n_epoch=0)])
 def test_zero_divisors_are_refused_before_running(run, arguments):
-    """DELIBERATE DEVIATION from quirk §9.18: Lightning accepts these and fails with ZeroDivisionError at run
-    time; GPUlayer refuses them at Trainer(...). Both refuse; only the moment differs, so the records differ."""
+    """DELIBERATE DEVIATION: Lightning accepts these and fails with ZeroDivisionError at run time (the ``%`` in
+    ``_TrainingEpochLoop._accumulated_batches_reached`` and ``_should_check_val_epoch``); GPUlayer refuses them at
+    Trainer(...). Both refuse; only the moment differs, so the records differ."""
     lightning = run("lightning", trainer=dict(max_epochs=1, **arguments), expect_error=True)
     assert lightning.raised and lightning.hooks["fit"]  # hooks ran before Lightning's ZeroDivisionError
     with pytest.raises(ValueError, match=next(iter(arguments))):

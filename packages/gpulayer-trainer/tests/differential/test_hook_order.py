@@ -1,10 +1,10 @@
-"""Hook order of a recording Callback and Module: every `Trainer` entry point, as in the reference's §4.4."""
+"""Hook order of a recording Callback and Module: every `Trainer` entry point, as Lightning 2.6 calls them."""
 
 import pytest
 
 
 def test_fit_hook_order_matches_the_reference_trace(differential):
-    """§4.4: 2 epochs x 2 batches, 1 val batch, 1 sanity batch (164 calls: §4.4 less the checkpoint hooks)."""
+    """2 epochs x 2 batches, 1 val batch, 1 sanity batch: 164 calls (checkpointing is off: no checkpoint hooks)."""
     both = differential(trainer=dict(max_epochs=2, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=1))
     assert len(both.lightning.hooks["fit"]) == 164
 
@@ -33,6 +33,7 @@ def test_loaders_passed_to_the_entry_points(differential):
 
 
 def test_fit_twice_on_the_same_trainer_does_nothing_the_second_time(differential):
-    """§2.1: progress is not reset, so a second fit after max_epochs runs no epoch (and no on_train_start)."""
+    """Progress is not reset (Lightning's ``_FitLoop.done``), so a second fit after max_epochs runs no epoch (and no
+    on_train_start)."""
     both = differential(stages=("fit", "fit"))
     assert both.lightning.counters["fit"] == (6, 2)

@@ -53,7 +53,7 @@ def test_epoch_and_step_limits(differential, trainer, global_step, current_epoch
     ids=lambda value: str(value),
 )
 def test_should_stop_in_on_train_batch_end(differential, trainer, global_step, current_epoch):
-    """§1.1 table: should_stop set after epoch 0 batch 1, with and without minimums."""
+    """should_stop set after epoch 0 batch 1, with and without minimums (Lightning's ``_FitLoop._can_stop_early``)."""
     both = differential(trainer=trainer, callback={"on_train_batch_end": stop_at(0, 1)})
     assert both.lightning.counters["fit"] == (global_step, current_epoch)
 
@@ -85,7 +85,8 @@ def test_max_time_forms_that_never_trigger(differential, max_time):
 
 
 def test_max_time_alone_makes_max_epochs_unlimited(differential):
-    """§1.1: with max_time and no max_epochs, max_epochs becomes -1 (not 1000): max_steps ends training."""
+    """With max_time and no max_epochs, max_epochs becomes -1, not 1000 (Lightning's ``_parse_loop_limits`` in
+    ``lightning/pytorch/loops/utilities.py``): max_steps ends training."""
     both = differential(trainer=dict(max_time={"days": 1}, max_steps=8), estimate_stepping_batches=True)
     assert both.lightning.counters["fit"] == (8, 3)
     assert both.lightning.estimated_stepping_batches == 8
@@ -177,7 +178,8 @@ def test_estimated_stepping_batches_with_no_limits_is_one_thousand_epochs(differ
 
 
 def test_estimated_stepping_batches_with_max_epochs_zero(differential):
-    """Quirk §9.19: max_epochs=0 still estimates one epoch of steps (the `max(max_epochs, 1)`)."""
+    """max_epochs=0 still estimates one epoch of steps (the `max(max_epochs, 1)` in Lightning's
+    ``Trainer.estimated_stepping_batches``)."""
     both = differential(trainer=dict(max_epochs=0), estimate_stepping_batches=True)
     assert both.lightning.estimated_stepping_batches == 3
 

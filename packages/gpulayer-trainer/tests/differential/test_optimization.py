@@ -18,7 +18,8 @@ def test_accumulate_grad_batches(differential, accumulate, train_size):
 
 
 def test_accumulation_global_step_sequence(differential):
-    """§1.7: 5 batches, k=2: global_step seen by each training_step is 0,1,1,2,3 | 3,4,4,5,6 after the batch."""
+    """5 batches, k=2: global_step seen by each training_step is 0,1,1,2,3 | 3,4,4,5,6 after the batch (Lightning's
+    ``_TrainingEpochLoop._should_accumulate``: an epoch's last batch always steps)."""
     both = differential(trainer=dict(max_epochs=2, accumulate_grad_batches=2), train_size=20)
     seen = [step for stage, _, _, step in both.lightning.calls if stage == "train"]
     assert seen == [0, 0, 1, 1, 2, 3, 3, 4, 4, 5]
@@ -185,7 +186,8 @@ def recording_loss(self, batch, batch_idx):
 
 
 def test_accumulated_loss_reaches_on_train_batch_end_divided(differential):
-    """§1.7: outputs["loss"] in on_train_batch_end is the training_step loss divided by accumulate_grad_batches."""
+    """outputs["loss"] in on_train_batch_end is the training_step loss divided by accumulate_grad_batches (Lightning's
+    ``_AutomaticOptimization._training_step``)."""
     both = differential(trainer=dict(max_epochs=1, accumulate_grad_batches=3), module={"training_step": recording_loss})
     divided = [loss / 3 for loss in both.lightning.extra["loss"]]
     assert [outputs["loss"] for outputs in both.lightning.batch_end_outputs] == pytest.approx(divided)

@@ -1,4 +1,4 @@
-"""Resuming ``fit`` from a checkpoint (reference §4.4 resume trace, §6.2): a run saves with
+"""Resuming ``fit`` from a checkpoint (Lightning 2.6: ``Trainer._run``, ``_CheckpointConnector``): a run saves with
 ``trainer.save_checkpoint``, then a new Trainer and a new module resume with ``fit(..., ckpt_path=...)``.
 
 The default scenario has 3 training batches per epoch (10 samples in batches of 4), 2 validation batches, no
@@ -121,8 +121,8 @@ def load_user_state(self, checkpoint):
 )
 def test_resume_from_the_end_of_an_epoch(resume, variant, assert_same_runs):
     """Saved in ``on_train_epoch_end`` of epoch 0 of a ``max_epochs=3`` run, resumed by a new Trainer with
-    ``max_epochs=3``: the §4.4 resume trace (module, then callback ``on_load_checkpoint`` before
-    ``configure_optimizers``; the sanity check again), then epochs 1 and 2 as the unbroken run had them.
+    ``max_epochs=3``: Lightning's resume order (``Trainer._run``: module, then callback ``on_load_checkpoint``
+    before ``configure_optimizers``; the sanity check again), then epochs 1 and 2 as the unbroken run had them.
     Lightning's plain checkpoint loads with torch's default ``weights_only`` (True on torch 2.13), so
     ``weights_only=None``, True and False all resume.
 
@@ -138,7 +138,7 @@ def test_resume_from_the_end_of_an_epoch(resume, variant, assert_same_runs):
 
     resumed = runs["lightning"].resumed
     sanity = bool(trainer.get("num_sanity_val_steps", 2) and common["val_sizes"])
-    assert resumed.hooks["fit"][:11] == [  # §4.4's resume trace
+    assert resumed.hooks["fit"][:11] == [  # Lightning's resume order
         "M.configure_callbacks",
         "M.prepare_data",
         "C.setup(fit)",
@@ -191,7 +191,7 @@ def test_resume_with_epoch_limits(resume, then, unbroken, assert_same_runs):
 @pytest.mark.parametrize(
     ("then", "unbroken"),
     [
-        (dict(max_steps=8), (8, 3)),  # max_epochs unset: ends mid-epoch 2, which still counts (quirk §9.8)
+        (dict(max_steps=8), (8, 3)),  # max_epochs unset: ends mid-epoch 2, which counts (_FitLoop.on_advance_end)
         (dict(max_epochs=-1, max_steps=7), (7, 3)),
         (dict(max_epochs=5, max_steps=5), (5, 2)),
         (dict(max_epochs=2, max_steps=20), (6, 2)),
@@ -203,13 +203,15 @@ def test_resume_with_max_steps_follows_the_documented_end_of_epoch_resume(resume
     """A deliberate difference (porting guide): with ``max_steps`` set, Lightning 2.6 treats an end-of-epoch
     resume as a restart in the middle of the saved epoch. It skips the sanity check and runs the saved epoch's
     ``on_train_epoch_end`` a second time; with ``max_epochs=2, max_steps=20`` it then trains no epoch at all
-    and ends at (3, 2), and with ``max_steps=3`` it reports ``current_epoch`` 0. That contradicts its own
-    documented resume (§6.2: continue with the next epoch, sanity check included), which GPUlayer follows:
-    the resumed run repeats an unbroken run's steps and ends with its counters and weights."""
+    and ends at (3, 2), and with ``max_steps=3`` it reports ``current_epoch`` 0 (on a resume, the
+    ``_FitLoop.restarting`` setter marks a finished epoch as still running whenever ``max_steps`` is set). That
+    contradicts its own documented resume, which it follows without ``max_steps``: continue with the next epoch,
+    sanity check included. GPUlayer follows it: the resumed run repeats an unbroken run's steps and ends with its
+    counters and weights."""
     runs = resume(dict(trainer=dict(max_epochs=1)), dict(trainer=then), lambda path: saves_at(path, epoch=0))
     ours = runs["gpulayer"].resumed
     assert ours.counters["fit"] == unbroken
-    assert sanity_steps(ours), "the sanity check runs again after an end-of-epoch resume (§6.2)"
+    assert sanity_steps(ours), "the sanity check runs again after an end-of-epoch resume"
     assert ours.hooks["fit"].count("C.on_train_epoch_end") == unbroken[1] - 1
     unbroken_run = runs["gpulayer"]
     assert train_calls(ours) == [
@@ -321,13 +323,13 @@ def record_first_input(self, batch, batch_idx):
 def test_resume_from_the_middle_of_an_epoch(resume, epoch, batch_idx, then, counters):
     """Saved in ``on_train_batch_end`` of (``epoch``, ``batch_idx``); resumed under ``then``.
 
-    DELIBERATE DIFFERENCE (ADR 0008, Lightning quirk §9.14): Lightning restarts a plain DataLoader from its
-    first batch while ``batch_idx`` goes on, so its resumed epoch trains the epoch's *first* batches again
-    under the labels ``batch_idx+1, ...``; GPUlayer resumes exactly, with the batches an unbroken run would
-    read next. Weights, metrics, the data each step sees and (after an epoch's last batch) the hooks therefore
-    differ by design and are not compared. What must agree, and is compared: the final ``global_step`` and
-    ``current_epoch``, that neither framework runs the sanity check, and the (epoch, ``batch_idx``,
-    ``global_step``) of every resumed training step.
+    DELIBERATE DIFFERENCE (ADR 0008): Lightning restarts a plain DataLoader from its first batch while
+    ``batch_idx`` goes on (``_TrainingEpochLoop.reset`` warns that the loader is not resumable), so its resumed
+    epoch trains the epoch's *first* batches again under the labels ``batch_idx+1, ...``; GPUlayer resumes
+    exactly, with the batches an unbroken run would read next. Weights, metrics, the data each step sees and
+    (after an epoch's last batch) the hooks therefore differ by design and are not compared. What must agree, and
+    is compared: the final ``global_step`` and ``current_epoch``, that neither framework runs the sanity check,
+    and the (epoch, ``batch_idx``, ``global_step``) of every resumed training step.
     """
     scenario = dict(module={"training_step": record_first_input})
     runs = resume(

@@ -1,5 +1,6 @@
 """When validation runs during fit: check_val_every_n_epoch, val_check_interval, the sanity check, and several
-validation loaders. Scenarios with 20 training samples have 5 batches per epoch, as in the reference's §1.3.
+validation loaders. Scenarios with 20 training samples have 5 batches per epoch. Lightning 2.6's rule is
+``_TrainingEpochLoop._should_check_val_fx`` in ``lightning/pytorch/loops/training_epoch_loop.py``.
 """
 
 import pytest

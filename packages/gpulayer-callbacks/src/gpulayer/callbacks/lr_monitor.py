@@ -1,7 +1,8 @@
 """``LearningRateMonitor``: logs each optimizer's learning rate (and momentum, weight decay) as Lightning does.
 
-Reference §5.3. Values are the Python floats of the optimizer's ``param_groups``, so logging reads nothing back
-from the device, and a batch outside the ``log_every_n_steps`` cadence costs one comparison: no row, no write.
+Lightning 2.6's is in ``lightning/pytorch/callbacks/lr_monitor.py``. Values are the Python floats of the
+optimizer's ``param_groups``, so logging reads nothing back from the device, and a batch outside the
+``log_every_n_steps`` cadence costs one comparison: no row, no write.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``ModelCheckpoint``: Lightning 2.6's checkpoint callback (reference §5.2) on GPUlayer's Trainer.
+"""``ModelCheckpoint``: Lightning 2.6's checkpoint callback on GPUlayer's Trainer.
+
+Lightning's is in ``lightning/pytorch/callbacks/model_checkpoint.py``.
 
 Every rank makes the same decisions (file checks and top-k comparisons go through ``trainer.runtime``); only
 global rank 0 writes (``trainer.save_checkpoint``), links and deletes files. Deliberate differences from
@@ -283,8 +285,9 @@ class ModelCheckpoint(Checkpoint):
         candidates = self._monitor_candidates(trainer)
         if self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0:
             self._save_topk_checkpoint(trainer, candidates)
-        # Lightning's quirk §9.1, kept: ``last`` is refreshed only when a checkpoint was saved at this step (or
-        # re-linked with "link"), so with a monitor it can lag behind the newest epoch.
+        # Kept from Lightning's ``on_train_epoch_end``/``on_validation_end``: ``last`` is refreshed only when a
+        # checkpoint was saved at this step (or re-linked with "link"), so with a monitor it can lag behind the
+        # newest epoch.
         if self._last_global_step_saved == trainer.global_step or (
             self.save_last == "link" and self._last_checkpoint_saved
         ):
@@ -334,8 +337,8 @@ class ModelCheckpoint(Checkpoint):
         return trainer.runtime.all(bool(better))  # unanimous, as Lightning's reduce_boolean_decision
 
     def _save_none_monitor_checkpoint(self, trainer: Any, candidates: dict[str, torch.Tensor]) -> None:
-        # Lightning's quirk §9.21, kept: a same-named file from this run is the one being replaced, so it is
-        # overwritten rather than given a -vN name, even with save_top_k=-1.
+        # Kept from Lightning's method of this name: a same-named file from this run is the one being replaced, so
+        # it is overwritten rather than given a -vN name, even with save_top_k=-1.
         filepath = self._get_metric_interpolated_filepath_name(candidates, trainer, self.best_model_path)
         previous, self.best_model_path = self.best_model_path, filepath  # set before saving: part of the state
         self._save_checkpoint(trainer, filepath)

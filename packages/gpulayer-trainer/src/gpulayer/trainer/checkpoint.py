@@ -1,4 +1,7 @@
-"""What a checkpoint holds (Lightning 2.6's top-level layout, §6.1) and how a run is restored from one (§6.2).
+"""What a checkpoint holds (Lightning 2.6's top-level layout) and how a run is restored from one.
+
+Lightning's are ``_CheckpointConnector.dump_checkpoint`` and its ``restore_*`` methods, in
+``lightning/pytorch/trainer/connectors/checkpoint_connector.py``.
 
 Beyond Lightning, GPUlayer stores the RNG states and where in the epoch the run was, so a resumed run ends
 with the weights of an uninterrupted one.

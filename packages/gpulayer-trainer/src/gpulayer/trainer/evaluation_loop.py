@@ -1,4 +1,7 @@
-"""One validation, test or predict run over every loader of the stage, in Lightning's hook order (§4.3)."""
+"""One validation, test or predict run over every loader of the stage, in Lightning's hook order.
+
+Lightning 2.6's is ``_EvaluationLoop`` in ``lightning/pytorch/loops/evaluation_loop.py``.
+"""
 
 from __future__ import annotations
 

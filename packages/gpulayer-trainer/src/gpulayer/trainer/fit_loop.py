@@ -1,4 +1,7 @@
-"""The training loop: epochs, batches, when to validate and when to stop (reference §1, §4.1, §4.2).
+"""The training loop: epochs, batches, when to validate and when to stop.
+
+Lightning 2.6's are ``_FitLoop`` and ``_TrainingEpochLoop`` (``lightning/pytorch/loops/fit_loop.py`` and
+``training_epoch_loop.py``).
 
 Nothing here reads a tensor back to the host: losses and logged values stay on the device, and only the log
 line (every ``log_every_n_steps`` steps) and epoch ends read them.

@@ -1,4 +1,7 @@
-"""What the logger receives and when: Lightning's rows (reference §7), pushed only where values are read anyway.
+"""What the logger receives and when: Lightning's rows, pushed only where values are read anyway.
+
+Lightning 2.6's are made by ``_LoggerConnector`` (``lightning/pytorch/trainer/connectors/logger_connector/``) and
+written by ``CSVLogger`` (``lightning/pytorch/loggers/csv_logs.py``).
 
 Training step rows at the ``log_every_n_steps`` points (the log line's), evaluation step rows for metrics
 logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch. Rows are

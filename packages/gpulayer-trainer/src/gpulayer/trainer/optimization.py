@@ -1,8 +1,9 @@
-"""Automatic optimization of one batch, in Lightning's order (§1.7, §1.8, §4.2).
+"""Automatic optimization of one batch, in Lightning's order.
 
 ``training_step``, zero-grad at the start of an accumulation window, backward of ``loss / k``; on a stepping
 batch all of that runs inside the closure handed to ``optimizer_step``, followed by
-``on_before_optimizer_step`` (unclipped gradients) and ``configure_gradient_clipping``.
+``on_before_optimizer_step`` (unclipped gradients) and ``configure_gradient_clipping``. Lightning 2.6's is
+``_AutomaticOptimization`` in ``lightning/pytorch/loops/optimization/automatic.py``.
 """
 
 from __future__ import annotations

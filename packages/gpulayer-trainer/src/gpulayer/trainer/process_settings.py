@@ -1,4 +1,7 @@
-"""``deterministic`` and ``benchmark``: process-wide torch settings, applied as Lightning applies them (§8.2)."""
+"""``deterministic`` and ``benchmark``: process-wide torch settings, applied as Lightning applies them.
+
+Lightning 2.6's is ``_set_torch_flags`` in ``lightning/pytorch/trainer/connectors/accelerator_connector.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Distributed samplers, as Lightning's ``use_distributed_sampler=True`` puts them into DataLoaders (§1.11).
+"""Distributed samplers, as Lightning's ``use_distributed_sampler=True`` puts them into DataLoaders.
+
+Lightning 2.6's is ``_get_distributed_sampler`` in ``lightning/pytorch/trainer/connectors/data_connector.py``.
 
 Each rank reads its own shard: training loaders shuffle (Lightning's rule, whatever the loader said), val and
 test keep their loader's order and are padded to equal shards, predict is split without padding. The seed is

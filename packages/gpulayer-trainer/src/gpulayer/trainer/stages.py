@@ -1,4 +1,8 @@
-"""What every entry point does around its loop: set up, run, tear down, or report the exception (§4.1, §4.5)."""
+"""What every entry point does around its loop: set up, run, tear down, or report the exception.
+
+Lightning 2.6's are ``Trainer._run`` (``lightning/pytorch/trainer/trainer.py``) and ``_call_and_handle_interrupt``
+(``lightning/pytorch/trainer/call.py``).
+"""
 
 from __future__ import annotations
 

@@ -169,3 +169,18 @@ def test_a_chosen_gpu_overrides_the_local_rank_and_must_be_an_index():
     assert dataclasses.replace(placement, cuda_index=3).device == torch.device("cuda", 3)
     with pytest.raises(ValueError, match="cuda_index=-1: expected a GPU index"):
         dataclasses.replace(placement, cuda_index=-1)
+
+
+def test_a_process_group_made_by_hand_is_a_placement_and_none_without_one(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    assert Placement.from_process_group(accelerator="cpu") is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), world_size=1, rank=0)
+    try:
+        placement = Placement.from_process_group(accelerator="cpu")
+        with pytest.raises(ValueError, match="accelerator='tpu'"):
+            Placement.from_process_group(accelerator="tpu")
+    finally:
+        dist.destroy_process_group()
+    assert placement == Placement(source="process group", accelerator="cpu")

@@ -1,7 +1,6 @@
 """Where a Trainer's processes come from: a launcher's job it must agree with, or the script run again."""
 
 import dataclasses
-import sys
 import types
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 
 from gpulayer.runtime import Placement
 from gpulayer.trainer import Trainer
-from gpulayer.trainer.world import _node_arguments, _this_script, device_of, on_chosen_gpu
+from gpulayer.trainer.world import device_of, on_chosen_gpu
 
 TORCHRUN = {"GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "LOCAL_RANK": "0"}
 
@@ -31,41 +30,6 @@ def test_a_launchers_world_that_disagrees_with_devices_and_num_nodes_is_refused(
         Trainer(accelerator="cpu", devices=devices, num_nodes=num_nodes, default_root_dir=tmp_path)
     assert named in str(raised.value) and "torchrun" in str(raised.value)
     assert not any(tmp_path.iterdir())
-
-
-def test_the_script_is_run_again_by_path_or_as_the_module_it_was_started_as(monkeypatch, tmp_path):
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    script = tmp_path / "train.py"
-    script.write_text("")
-    monkeypatch.setattr(sys, "argv", [str(script), "--lr", "0.1"])
-    main = types.ModuleType("__main__")
-    main.__file__, main.__spec__ = str(script), None
-    monkeypatch.setitem(sys.modules, "__main__", main)
-    assert _this_script(2) == [str(script), "--lr", "0.1"]
-    main.__spec__ = types.SimpleNamespace(name="pkg.train")
-    assert _this_script(2) == ["-m", "pkg.train", "--lr", "0.1"]
-    main.__spec__ = types.SimpleNamespace(name="pkg.__main__")
-    assert _this_script(2) == ["-m", "pkg", "--lr", "0.1"]
-
-
-def test_an_interactive_session_is_refused(monkeypatch):
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
-    with pytest.raises(RuntimeError, match="interactive session"):
-        _this_script(2)
-
-
-def test_several_nodes_by_hand_need_lightnings_variables(monkeypatch):
-    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MASTER_ADDR", "head")
-    with pytest.raises(RuntimeError, match="missing: MASTER_PORT, NODE_RANK"):
-        _node_arguments(2)
-    monkeypatch.setenv("MASTER_PORT", "29400")
-    monkeypatch.setenv("NODE_RANK", "1")
-    assert _node_arguments(2) == [
-        "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static", "--rdzv-endpoint", "head:29400",
-    ]  # fmt: skip
 
 
 def test_a_published_strategy_that_is_not_installed_names_its_distribution(monkeypatch):

@@ -67,6 +67,32 @@ class Placement:
             return cls(**slurm.placement_fields(env), accelerator=accelerator)
         return cls(accelerator=accelerator)
 
+    @classmethod
+    def from_process_group(cls, *, accelerator: str = "auto") -> Placement | None:
+        """The placement of a default process group made outside any launcher (``init_process_group`` by hand):
+        rank and world size from the group, nodes from ``LOCAL_WORLD_SIZE`` when set (else one node); None when
+        there is no group."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator={accelerator!r}: expected one of {', '.join(map(repr, ACCELERATORS))}")
+        if accelerator == "auto":
+            accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        world, rank = dist.get_world_size(), dist.get_rank()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return cls(
+            world_size=world,
+            global_rank=rank,
+            local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+            local_world_size=per_node,
+            num_nodes=world // per_node,
+            node_rank=rank // per_node,
+            source="process group",
+            accelerator=accelerator,
+        )
+
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1

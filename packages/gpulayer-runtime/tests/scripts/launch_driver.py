@@ -47,9 +47,10 @@ def report(tag):
 
 
 def fail(how, piddir):
+    # Before the rendezvous: no rank can fail (and have the agent stop the others) before every pid is written.
+    with open(os.path.join(piddir, f"pid{os.environ['RANK']}"), "w") as pid_file:
+        pid_file.write(str(os.getpid()))
     with Runtime(accelerator="cpu", timeout=3) as runtime:
-        with open(os.path.join(piddir, f"pid{runtime.global_rank}"), "w") as pid_file:
-            pid_file.write(str(os.getpid()))
         if runtime.global_rank == 1:
             if how == "raise":
                 raise ValueError("boom on rank 1")

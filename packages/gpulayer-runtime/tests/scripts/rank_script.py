@@ -27,10 +27,11 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int)
     parser.add_argument("--linger", action="store_true", help="the failing rank exits only when the agent stops it")
     args = parser.parse_args()
+    # Before the rendezvous: no rank can fail (and have the agent stop the others) before every pid is written.
+    with open(os.path.join(args.outdir, f"pid{os.environ['RANK']}"), "w") as pid_file:
+        pid_file.write(str(os.getpid()))
     with Runtime(accelerator="cpu") as runtime:
         rank = runtime.global_rank
-        with open(os.path.join(args.outdir, f"pid{rank}"), "w") as pid_file:
-            pid_file.write(str(os.getpid()))
         if rank == args.fail_rank:
             if args.linger:
                 atexit.register(break_the_group_then_wait)

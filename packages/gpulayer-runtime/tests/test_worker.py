@@ -1,4 +1,5 @@
-"""What a launched worker does when its script fails: record, report, clean up as Python does, then end at once."""
+"""How a launched worker ends: it records and reports a failure, cleans up as Python does at exit (threads, atexit
+handlers, open files), then ends without the interpreter's teardown; ``sys.exit`` keeps Python's own exit."""
 
 import json
 import sys
@@ -43,6 +44,22 @@ def test_a_failed_script_is_recorded_reported_and_ended_without_the_interpreters
     # As at any exit: non-daemon threads are waited for, then atexit handlers run, and output is flushed.
     assert lines == ["partial line without a newlinethread finished", "atexit ran; recorded before: True"], lines
     assert "module teardown ran" not in done.stdout
+
+
+def test_a_finished_script_ends_with_status_0_its_open_files_flushed_and_no_teardown(tmp_path):
+    script, written = tmp_path / "finishing.py", tmp_path / "unclosed.txt"
+    script.write_text(
+        TORN_DOWN
+        + f"results = open({str(written)!r}, 'w')\n"
+        + "results.write('written, never closed')  # left in the buffer: the end must flush it\n"
+        + "atexit.register(lambda: print('atexit ran', flush=True))\n"
+    )
+    env = clean_environment(TORCHELASTIC_ERROR_FILE=str(tmp_path / "error.json"))
+    done = run_command([sys.executable, "-m", "gpulayer.runtime.worker", str(script)], env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["atexit ran"]
+    assert written.read_text() == "written, never closed"
+    assert not (tmp_path / "error.json").exists()
 
 
 def test_a_script_that_exits_by_itself_keeps_its_status_and_the_full_teardown(tmp_path):

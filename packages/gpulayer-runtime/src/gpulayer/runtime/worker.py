@@ -1,14 +1,17 @@
 """What every launched worker runs first: tie its life to the agent's, then run the user's code.
 
 Scripts run as ``python -m gpulayer.runtime.worker SCRIPT ARGS`` (or ``-m MODULE ARGS``) under torch's
-``record``, so a failing script leaves its traceback in the error file that the agent reports, and then ends at
-once (see ``end_failed``).
+``record``, so a failing script leaves its traceback in the error file that the agent reports; a script that
+returns or raises then ends without the interpreter's teardown (see ``end_now``).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import gc
+import io
 import os
 import runpy
 import signal
@@ -55,21 +58,30 @@ def run_script(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def end_failed(error: Exception) -> NoReturn:
-    """End this worker as the interpreter ends a failed script, less its teardown of modules and objects.
+def end_now(status: int, error: Exception | None = None) -> NoReturn:
+    """End this worker as the interpreter ends a script, less its teardown of modules and objects.
 
-    That teardown (about 0.4 s of torch's, and up to 2 s on a loaded machine) kept a failed rank alive after its
-    error was recorded, while its peers, whose collectives it had broken, died first. So: print the traceback, wait
-    for non-daemon threads, run the atexit handlers (logging, DataLoader workers, the user's), flush, and exit 1.
+    That teardown is where torch misbehaves at exit: it takes 0.4 s (up to 2 s on a loaded machine), which kept a
+    failed rank alive after its error was recorded while its peers, whose collectives it had broken, died first; and
+    a finished gloo rank sometimes aborts in it ("terminate called without an active exception"). So, as at any
+    exit: print the traceback of ``error``, wait for non-daemon threads, run the atexit handlers (logging, DataLoader
+    workers, the process group's close, the user's), flush every open file, and exit with ``status``.
     """
-    sys.excepthook(type(error), error, error.__traceback__)
+    if error is not None:
+        sys.excepthook(type(error), error, error.__traceback__)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # what the interpreter runs at exit; there is no public name for it
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(1)
+    for stream in _open_files():
+        with contextlib.suppress(Exception):  # a file that cannot flush would have failed to close in the teardown
+            stream.flush()
+    os._exit(status)
+
+
+def _open_files() -> list[io.IOBase]:
+    """The file objects still open: the teardown would have closed, and so flushed, them."""
+    return [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase) and not obj.closed]
 
 
 def main() -> None:
@@ -79,7 +91,8 @@ def main() -> None:
     try:
         record(run_script)(sys.argv[1:])
     except Exception as error:  # recorded by now; SystemExit and KeyboardInterrupt end the process as usual
-        end_failed(error)
+        end_now(1, error)
+    end_now(0)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def run_job(out: Path, launcher: list[str] | None = None, **options: object) -> 
         stderr=_read(out / "stderr.txt"),
         seconds_to_exit=exited - fault_time if fault_time is not None else None,
         processes=seen,
-        rank_pids={int(path.name.removeprefix("pid")): int(path.read_text()) for path in out.glob("pid*")},
+        rank_pids=rank_pids | _rank_pids(out, rank_pids),
         rank_exit_times=rank_exits,
         fault_time=fault_time,
     )
@@ -106,18 +106,21 @@ def _rank_pids(out: Path, known: dict[int, int]) -> dict[int, int]:
 
 def _running(pid: int) -> bool:
     """Whether ``pid`` still runs: a zombie (ended, not yet reaped by the agent) has ended."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks since boot), or None once it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None once ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
+            return stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 

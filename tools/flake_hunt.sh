@@ -42,7 +42,9 @@ run() {  # run KIND INDEX NOX-ARGS...
     local kind=$1 index=$2 start status; shift 2
     start=$(date +%s)
     status=0
-    (cd "$out/clone" && python3 -m nox "$@") > "$out/$kind-$index.log" 2>&1 || status=$?
+    # Each session's venv is made by the first run and reused after it (installs still run, as no-ops): the runs
+    # repeat the tests, not pip.
+    (cd "$out/clone" && python3 -m nox --reuse-existing-virtualenvs "$@") > "$out/$kind-$index.log" 2>&1 || status=$?
     local failed
     failed=$(grep -E "^(FAILED|ERROR) " "$out/$kind-$index.log" | cut -d' ' -f2 | paste -sd, - || true)
     printf '%s\t%s\t%s\t%s\t%s\n' "$kind" "$index" "$status" "$(( $(date +%s) - start ))" "${failed:--}" \

@@ -31,10 +31,12 @@ def _options(runtime, folder: str) -> bytes:
         own_units.append(sum(isinstance(m, FSDPModule) for m in module.modules()))
 
     class Recording(FSDPStrategy):
-        def connect(self, module, trainer):
-            sharded = super().connect(module, trainer)
-            module.blocks[0].register_forward_pre_hook(lambda m, args: seen.append(m.norm1.weight.dtype))
-            return sharded
+        def setup_module(self):
+            first = self._sharded_module is None
+            super().setup_module()
+            if first:
+                block = self.lightning_module.blocks[0]
+                block.register_forward_pre_hook(lambda m, args: seen.append(m.norm1.weight.dtype))
 
     class GradientsAfterBatch(gl.Callback):
         """Whether the shards hold a gradient after each batch: only a reduce-scatter gives them one."""

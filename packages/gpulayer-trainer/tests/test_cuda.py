@@ -56,7 +56,10 @@ def test_each_precision_trains_on_the_gpu_and_returns_the_model_to_the_cpu(tmp_p
 
 def test_16_mixed_uses_a_grad_scaler(tmp_path):
     trainer, _ = _fit(tmp_path, precision="16-mixed")
-    assert trainer._precision.scaler is not None and trainer._precision.scaler.get_scale() > 0
+    assert (
+        trainer.strategy.precision_plugin.scaler is not None
+        and trainer.strategy.precision_plugin.scaler.get_scale() > 0
+    )
 
 
 def test_prefetch_on_a_side_stream_gives_the_same_weights(tmp_path):
@@ -202,7 +205,7 @@ def test_16_mixed_skips_a_step_with_inf_gradients_exactly_as_lightning(tmp_path)
     assert not torch.equal(model.seen[4], model.seen[3])
     for mine, lightnings in zip(model.seen, reference.seen, strict=True):
         torch.testing.assert_close(mine, lightnings, rtol=0, atol=1e-6)
-    scale = ours._precision.scaler.get_scale()
+    scale = ours.strategy.precision_plugin.scaler.get_scale()
     assert scale == theirs.precision_plugin.scaler.get_scale() == 2.0**15  # halved once from 2**16
 
 
@@ -214,7 +217,7 @@ def test_the_grad_scaler_state_is_checkpointed_and_restored(tmp_path):
 
     class ScaleAtStart(Callback):
         def on_train_start(self, trainer, pl_module):
-            self.scale = trainer._precision.scaler.get_scale()
+            self.scale = trainer.strategy.precision_plugin.scaler.get_scale()
 
     probe = ScaleAtStart()
     _fit_overflowing("gpulayer", tmp_path, ckpt_path=str(path), max_epochs=2, callbacks=[probe])

@@ -80,3 +80,43 @@ def test_a_60_step_run_reads_tensors_only_on_log_steps_and_at_epoch_ends(tmp_pat
     assert steps_with_reads <= log_steps | epoch_ends, sorted(reads)
     assert log_steps <= steps_with_reads, "the log line must read the loss on its steps (the counter works)"
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
+
+
+class _RecordsItsStack(Module):
+    """Keeps the trainer's frames on the stack when ``training_step`` runs (ARCHITECTURE.md, "The frames of one
+    step")."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.frames: list[tuple[str, str]] = []
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            stack = traceback.extract_stack()[:-1]
+            self.frames = [(f.filename.rsplit("/", 1)[-1], f.name) for f in stack if "/gpulayer/trainer/" in f.filename]
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_training_step_runs_nine_frames_below_fit_in_five_files(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator))
+    model = _RecordsItsStack()
+    Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False, default_root_dir=tmp_path).fit(
+        model, DataLoader(data, batch_size=4)
+    )
+    assert model.frames == [
+        ("trainer.py", "fit"),
+        ("stages.py", "run_stage"),
+        ("stages.py", "_fit"),
+        ("fit_loop.py", "run"),
+        ("fit_loop.py", "run_epoch"),
+        ("fit_loop.py", "run_batch"),
+        ("optimization.py", "run"),
+        ("optimization.py", "closure"),
+        ("hooks.py", "module"),
+    ]

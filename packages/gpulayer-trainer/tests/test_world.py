@@ -33,9 +33,9 @@ def test_a_launchers_world_that_disagrees_with_devices_and_num_nodes_is_refused(
 
 
 def test_a_published_strategy_that_is_not_installed_names_its_distribution(monkeypatch):
-    from gpulayer.trainer import strategy
+    from gpulayer.trainer import strategy_names
 
-    monkeypatch.setattr(strategy, "registered_strategies", dict)
+    monkeypatch.setattr(strategy_names, "registered_strategies", dict)
     with pytest.raises(
         ValueError, match=r"strategy='fsdp' needs the gpulayer-fsdp distribution.*pip install gpulayer-fsdp"
     ):

@@ -2,7 +2,7 @@
 (gloo), started as a user starts it (``python train_script.py`` relaunches itself under ``gpulayer launch``).
 
 The loop combines ``should_stop`` across ranks only at sync points: every ``log_every_n_steps`` optimizer
-steps, the last batch of an epoch, after validation and at the epoch end (see ``fit_loop.py``). A stop set
+steps, the last batch of an epoch, after validation and at the epoch end (see ``sync_decisions.py``). A stop set
 between them takes effect at the next one, so these tests predict the exact step from that rule.
 
 The script's default data: 64 samples in batches of 4, shared by 2 ranks, is 8 batches per rank and epoch.

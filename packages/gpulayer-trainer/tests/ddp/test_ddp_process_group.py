@@ -45,7 +45,7 @@ class _CountReductions(gl.Callback):
             self.reductions += 1
             return allreduce_hook(state, bucket)
 
-        trainer._data_parallel.wrapped.register_comm_hook(None, counting)
+        trainer.strategy.model.register_comm_hook(None, counting)
 
 
 class _ReadsOnRankZero(gl.Callback):
@@ -70,7 +70,7 @@ def _accumulate_and_read(runtime, accumulate):
     model = _Model()
     trainer.fit(model, DataLoader(_data(0), batch_size=4), DataLoader(_data(1), batch_size=4))
     metrics = {k: v.item() for k, v in trainer.callback_metrics.items()}
-    return trainer.strategy_name, trainer._placement.source, counter.reductions, trainer.global_step, metrics
+    return trainer.strategy_name, trainer.runtime.placement.source, counter.reductions, trainer.global_step, metrics
 
 
 @pytest.mark.parametrize(("accumulate", "steps"), [(1, 8), (3, 4)])

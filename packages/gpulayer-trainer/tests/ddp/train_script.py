@@ -175,7 +175,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         "seen": seen,
         "world_size": trainer.world_size,
         "log_dir": trainer.log_dir,
-        "placed_by": getattr(getattr(trainer, "_placement", None), "source", None),  # GPUlayer only
+        "placed_by": runtime.placement.source if (runtime := getattr(trainer, "runtime", None)) else None,  # GPUlayer
     }
     torch.save(record, out / f"rank{trainer.global_rank}.pt")
     if torch.distributed.is_initialized():  # Lightning leaves its gloo group to the exit, which can abort the process

@@ -14,7 +14,6 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from gpulayer.fsdp import full_state
 from gpulayer.trainer.ddp import StepRunner
-from gpulayer.trainer.strategy import ShardedModule
 
 if TYPE_CHECKING:
     from gpulayer.fsdp.strategy import FSDPStrategy
@@ -80,15 +79,13 @@ def _broadcast_from_rank_zero(module: nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
-class FullyShardedModule(ShardedModule):
+class FullyShardedModule:
     """The sharded module and its root: steps run inside the root's forward, so its hooks gather the parameters no
-    unit owns, and its backward hooks reduce-scatter every gradient (FSDP2 averages across ranks)."""
+    unit owns, and its backward hooks reduce-scatter every gradient (FSDP2 averages across ranks). Every rank
+    calls each method: each may be a collective."""
 
     def __init__(self, module: nn.Module, root: nn.Module, mesh: DeviceMesh) -> None:
         self.module, self.root, self.mesh = module, root, mesh
-
-    def run(self, step: Any, *args: Any) -> Any:
-        return self.root(step, *args)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -101,6 +98,7 @@ class FullyShardedModule(ShardedModule):
             self.root.set_requires_gradient_sync(True)
 
     def state_dict(self) -> dict[str, Any]:
+        """The module's full ``state_dict`` on global rank 0 (on the CPU); ``{}`` on the other ranks."""
         return full_state.gather(self.module.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool) -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
+import torch
 from torch import nn
 
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
-from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, ShardedModule, Strategy, as_timeout
+from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
 Policy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
 ShardFunction = Callable[..., None]
@@ -31,6 +34,8 @@ class FSDPStrategy(Strategy):
     """
 
     strategy_name = "fsdp"
+    evaluates_in_inference_mode = False  # each step gathers parameters, which a later training step reuses
+    gradient_sync = "FSDP's gradient reduce-scatter"
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class FSDPStrategy(Strategy):
                 f"FSDPStrategy(reshard_after_forward={reshard_after_forward!r}): accepted values are True, False or "
                 "None (torch's default: True except for the root)"
             )
+        super().__init__()
         self.auto_wrap_policy = _policy(auto_wrap_policy)
         self.reshard_after_forward = reshard_after_forward
         self.shard_model = shard_model
@@ -62,13 +68,53 @@ class FSDPStrategy(Strategy):
                 "ask for 2 or more devices, or use strategy='auto' for one process"
             )
 
-    def sharded(self, module: nn.Module) -> ShardedModule | None:
-        return self._sharded.get(module)
+    @property
+    def _sharded_module(self) -> FullyShardedModule | None:
+        """The stage's module as an earlier ``setup_module`` sharded it (it stays sharded across stages), or None."""
+        return self._sharded.get(self.lightning_module)
 
-    def connect(self, module: nn.Module, trainer: Any) -> ShardedModule:
-        sharded = shard(module, self, trainer._device, trainer._precision.name)
-        self._sharded[module] = sharded
-        return sharded
+    def setup_module(self) -> None:
+        """Shard the module in place (on its device, in the Trainer's precision), every rank from rank 0's weights;
+        a module sharded by an earlier stage stays as it is."""
+        if self._sharded_module is None:
+            super().setup_module()
+            module = self.lightning_module
+            self._sharded[module] = shard(module, self, self.root_device, self.precision_plugin.name)
+
+    def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        return functools.partial(self._sharded_module.root, step)
+
+    def evaluation_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """Through the sharded root, which gathers the parameters that no sharded submodule owns."""
+        return functools.partial(self._sharded_module.root, step)
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self._sharded_module.no_sync()
+
+    def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """A sharded module stays sharded where it is, for the next stage."""
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        sharded = self._sharded_module
+        return super().lightning_module_state_dict() if sharded is None else sharded.state_dict()
+
+    def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        sharded = self._sharded_module  # before a first stage shards the module, its full weights load as they are
+        if sharded is None:
+            super().load_model_state_dict(state_dict, strict)
+        else:
+            sharded.load_state_dict(state_dict, strict)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        sharded = self._sharded_module
+        return super().optimizer_state(optimizer) if sharded is None else sharded.optimizer_state_dict(optimizer)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        sharded = self._sharded_module
+        if sharded is None:
+            super().load_optimizer_state_dict(optimizer, state)
+        else:
+            sharded.load_optimizer_state_dict(optimizer, state)
 
     def __repr__(self) -> str:
         options = {

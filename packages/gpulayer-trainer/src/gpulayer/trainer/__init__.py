@@ -5,10 +5,11 @@ from importlib.metadata import version
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.fit_loop import NonFiniteLossError
+from gpulayer.trainer.ddp import DDPStrategy
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
-from gpulayer.trainer.strategy import DDPStrategy
+from gpulayer.trainer.strategy import SingleDeviceStrategy, Strategy
+from gpulayer.trainer.sync_decisions import NonFiniteLossError
 from gpulayer.trainer.trainer import Trainer
 
 __version__ = version("gpulayer-trainer")
@@ -21,6 +22,8 @@ __all__ = [
     "DataModule",
     "Module",
     "NonFiniteLossError",
+    "SingleDeviceStrategy",
+    "Strategy",
     "Trainer",
     "__version__",
     "seed_everything",

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from gpulayer.trainer.precision import resolve_precision
-from gpulayer.trainer.strategy import check_strategy
+from gpulayer.trainer.strategy_names import check_strategy
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 CLIP_ALGORITHMS = ("norm", "value")
@@ -28,7 +28,7 @@ class TrainerArguments:
 
     accelerator: str
     device_indices: tuple[int, ...] | None  # None: "auto", decided with the placement (see world.py)
-    strategy: Any  # a name or a DDPStrategy, resolved with the world size (see world.py)
+    strategy: Any  # a name or a Strategy, resolved with the world size (see world.py)
     num_nodes: int
     precision: str
     max_epochs: int | None

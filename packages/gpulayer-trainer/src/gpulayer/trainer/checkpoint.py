@@ -13,8 +13,9 @@ import inspect
 import os
 import random
 import warnings
+from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,27 +23,36 @@ from gpulayer.trainer import checkpoint_io
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.preemption import hpc_resume_path, is_restart
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
+
 LIGHTNING_FORMAT = "2.6.6"  # the Lightning release whose layout these files follow
 
 
-def dump_checkpoint(trainer: Any, weights_only: bool = False) -> dict[str, Any]:
-    module, datamodule, sharded = trainer.lightning_module, trainer.datamodule, trainer._sharded
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """What an entry point asked to load: ``ckpt_path``, ``weights_only``, and whether a model was passed."""
+
+    path: str | os.PathLike | None = None
+    weights_only: bool | None = None
+    model_given: bool = True
+
+
+def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+    module, datamodule, strategy = trainer.lightning_module, trainer.datamodule, trainer.strategy
     checkpoint: dict[str, Any] = {
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "pytorch-lightning_version": LIGHTNING_FORMAT,
         "gpulayer_version": version("gpulayer-trainer"),
-        "state_dict": module.state_dict() if sharded is None else sharded.state_dict(),
+        "state_dict": strategy.lightning_module_state_dict(),
         "loops": {"fit_loop": trainer.fit_loop.state_dict()},
     }
     if not weights_only:
         checkpoint["callbacks"] = _callback_states(trainer.callbacks)
-        checkpoint["optimizer_states"] = [
-            optimizer.state_dict() if sharded is None else sharded.optimizer_state_dict(optimizer)
-            for optimizer in trainer.optimizers
-        ]
+        checkpoint["optimizer_states"] = [strategy.optimizer_state(optimizer) for optimizer in trainer.optimizers]
         checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
-        scaler = trainer._precision.scaler
+        scaler = strategy.precision_plugin.scaler
         if scaler is not None and scaler.state_dict():
             checkpoint["MixedPrecision"] = scaler.state_dict()
         checkpoint["rng_states"] = rng_states()
@@ -75,15 +85,11 @@ def _callback_states(callbacks: list[Any]) -> dict[str, Any]:
     return states
 
 
-def restore_modules_and_callbacks(trainer: Any, checkpoint: dict[str, Any]) -> None:
+def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
     module, datamodule = trainer.lightning_module, trainer.datamodule
     trainer._hooks.module("on_load_checkpoint", checkpoint)
-    strict = getattr(module, "strict_loading", True)
-    if trainer._sharded is None:  # before a first stage shards the module, its full weights load as they are
-        module.load_state_dict(checkpoint["state_dict"], strict=strict)
-    else:
-        trainer._sharded.load_state_dict(checkpoint["state_dict"], strict=strict)
+    trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=getattr(module, "strict_loading", True))
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     states = checkpoint.get("callbacks", {})
@@ -94,20 +100,18 @@ def restore_modules_and_callbacks(trainer: Any, checkpoint: dict[str, Any]) -> N
             callback.load_state_dict(states[callback.state_key])
 
 
-def restore_training_state(trainer: Any, checkpoint: dict[str, Any]) -> None:
+def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     """After ``on_fit_start``: scaler, loop position, optimizers, schedulers and the RNG states."""
     for key in ("optimizer_states", "lr_schedulers"):
         if key not in checkpoint:
             raise KeyError(f"the checkpoint has no {key!r}: it was saved with weights_only=True and cannot resume fit")
-    scaler = trainer._precision.scaler
+    strategy = trainer.strategy
+    scaler = strategy.precision_plugin.scaler
     if scaler is not None and "MixedPrecision" in checkpoint:
         scaler.load_state_dict(checkpoint["MixedPrecision"])
     trainer.fit_loop.load_state_dict(checkpoint["loops"]["fit_loop"])
     for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
-        if trainer._sharded is None:
-            optimizer.load_state_dict(state)
-        else:
-            trainer._sharded.load_optimizer_state_dict(optimizer, state)
+        strategy.load_optimizer_state_dict(optimizer, state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         config.scheduler.load_state_dict(state)
     if "rng_states" in checkpoint:
@@ -145,7 +149,9 @@ def _plain(value: Any) -> Any:
     return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
-def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, stage: str, model_given: bool) -> str | None:
+def resolve_ckpt_path(
+    trainer: Trainer, ckpt_path: str | os.PathLike | None, stage: str, model_given: bool
+) -> str | None:
     """Lightning's ``ckpt_path`` rules: a path, ``"last"`` (newest ``last*.ckpt`` of the checkpoint callbacks),
     ``"best"`` (the first checkpoint callback's ``best_model_path``), ``"hpc"`` (the highest ``hpc_ckpt_N.ckpt`` in
     ``default_root_dir``); an evaluation without a model uses "best". ``fit`` without one resumes by itself where
@@ -190,14 +196,14 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, stage: str, model_giv
     return None if ckpt_path is None else os.fspath(ckpt_path)
 
 
-def _automatic_resume(trainer: Any) -> str | None:
+def _automatic_resume(trainer: Trainer) -> str | None:
     hpc = hpc_resume_path(trainer.default_root_dir)
     if is_restart():
         newest = _newest_checkpoint(trainer, hpc)
         if newest is not None:
             print(f"restarted by the elastic agent: resuming from {newest}", flush=True)
         return newest
-    if hpc is not None and trainer._placement.source == "slurm":
+    if hpc is not None and trainer.runtime.placement.source == "slurm":
         return hpc
     if hpc is not None:
         warnings.warn(
@@ -208,7 +214,7 @@ def _automatic_resume(trainer: Any) -> str | None:
     return None
 
 
-def _newest_checkpoint(trainer: Any, hpc: str | None) -> str | None:
+def _newest_checkpoint(trainer: Trainer, hpc: str | None) -> str | None:
     """The newest hpc checkpoint or checkpoint-callback file: where a crashed run last saved."""
     candidates = [hpc] if hpc is not None else []
     for callback in trainer.checkpoint_callbacks:

@@ -1,4 +1,4 @@
-"""DistributedDataParallel around the module while it trains.
+"""``DDPStrategy``: DistributedDataParallel around the module while ``fit`` trains.
 
 DDP reduces gradients only for backward passes that follow its own ``forward``, so each training step runs
 inside it (Lightning's forward redirection). Evaluation steps call the module directly: they need no gradient
@@ -7,14 +7,18 @@ reduction, and so they run no collective per batch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gpulayer.trainer.strategy import DDPStrategy
+from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
 
 class StepRunner(nn.Module):
@@ -28,18 +32,85 @@ class StepRunner(nn.Module):
         return step(*args)
 
 
-class DataParallel:
-    """Broadcasts rank 0's parameters and buffers at construction, then all-reduces gradients in backward."""
+class DDPStrategy(Strategy):
+    """DistributedDataParallel with the options users tune; the rest of ``ddp_kwargs`` goes to DDP as is.
 
-    def __init__(self, module: nn.Module, strategy: DDPStrategy, device: torch.device) -> None:
-        self.wrapped = DistributedDataParallel(
-            StepRunner(module), device_ids=[device.index] if device.type == "cuda" else None, **strategy.ddp_options()
-        )
+    ``timeout`` (a ``timedelta`` or seconds) bounds every collective: a rank that stops answering ends the job
+    after it. The default is Lightning's, 30 minutes; ``None`` keeps torch's (30 minutes on gloo, 10 on NCCL). It
+    applies to the process group the Trainer creates, not to one that already exists. DDP broadcasts rank 0's
+    parameters and buffers when it wraps the module, then all-reduces gradients in backward.
+    """
 
-    def run(self, step: Any, *args: Any) -> Any:
-        """``step(*args)`` inside DDP's forward, so the backward of its loss reduces gradients across ranks."""
-        return self.wrapped(step, *args)
+    strategy_name = "ddp"
+
+    def __init__(
+        self,
+        *,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("find_unused_parameters", find_unused_parameters),
+            ("static_graph", static_graph),
+            ("gradient_as_bucket_view", gradient_as_bucket_view),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"DDPStrategy({name}={value!r}): accepted values are True or False")
+        timeout = as_timeout(timeout, "DDPStrategy")
+        reserved = {"module", "device_ids", "output_device", "process_group"} & ddp_kwargs.keys()
+        if reserved:
+            raise ValueError(f"DDPStrategy({', '.join(sorted(reserved))}=...): the Trainer sets these itself")
+        self.find_unused_parameters = find_unused_parameters
+        self.static_graph = static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.timeout: timedelta | None = timeout
+        self.ddp_kwargs = ddp_kwargs
+        self._wrapped: DistributedDataParallel | None = None  # while fit trains on several ranks
+
+    def ddp_options(self) -> dict[str, Any]:
+        return {
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            **self.ddp_kwargs,
+        }
+
+    @property
+    def model(self) -> nn.Module | None:
+        return self._wrapped if self._wrapped is not None else self.lightning_module
+
+    @property
+    def gradient_sync(self) -> str | None:  # type: ignore[override]
+        return "DDP's gradient all-reduce" if self._wrapped is not None else None
+
+    def setup_training(self) -> None:
+        """Wrap the module before ``configure_optimizers``, as Lightning does (on one rank there is nothing to do)."""
+        if self.world_size > 1:
+            device = self.root_device
+            self._wrapped = DistributedDataParallel(
+                StepRunner(self.lightning_module),
+                device_ids=[device.index] if device.type == "cuda" else None,
+                **self.ddp_options(),
+            )
+
+    def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """``step`` inside DDP's forward, so the backward of its loss reduces gradients across ranks."""
+        return step if self._wrapped is None else functools.partial(self._wrapped, step)
 
     def no_sync(self) -> AbstractContextManager[None]:
         """A micro-batch that does not step: its backward keeps gradients local (no all-reduce)."""
-        return self.wrapped.no_sync()
+        return contextlib.nullcontext() if self._wrapped is None else self._wrapped.no_sync()
+
+    def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self._wrapped = None  # its gradient buckets are freed once the stage ends
+        super().teardown(optimizers)
+
+    def __repr__(self) -> str:
+        options = {k: v for k, v in self.ddp_options().items() if v} | (
+            {"timeout": self.timeout} if self.timeout else {}
+        )
+        return f"DDPStrategy({', '.join(f'{k}={v!r}' for k, v in options.items())})"

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,12 +26,31 @@ from gpulayer.trainer.module import Module
 from gpulayer.trainer.results import ResultCollection
 from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.hooks import Hooks
+    from gpulayer.trainer.logger_rows import LoggerRows
+    from gpulayer.trainer.metric_hub import MetricHub
+    from gpulayer.trainer.trainer import Trainer
+    from gpulayer.trainer.transfer import BatchTransfer
+
 _NAMES = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 class EvaluationLoop:
-    def __init__(self, trainer: Any, stage: str) -> None:
+    """Validates, tests or predicts (``stage``); ``run`` returns what the Trainer's entry point returns."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        stage: str,
+        *,
+        hooks: Hooks,
+        hub: MetricHub,
+        logger_rows: LoggerRows,
+        transfer: BatchTransfer,
+    ) -> None:
         self.trainer = trainer
+        self.hooks, self.hub, self.logger_rows, self.transfer = hooks, hub, logger_rows, transfer
         self.stage = stage
         self.name = _NAMES[stage]
         self.prefix = {"validate": "val", "test": "test", "predict": "predict"}[stage]
@@ -63,7 +81,7 @@ class EvaluationLoop:
         if self.loaders is not None or not self.is_enabled():
             return
         trainer = self.trainer
-        loaders = as_loader_list(self.source.request(trainer._hooks, trainer.global_rank), self.prefix)
+        loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
         if trainer.args.use_distributed_sampler:
             loaders = [
                 with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank)
@@ -82,8 +100,12 @@ class EvaluationLoop:
         if not self.loaders or sum(self._limits()) == 0:
             return [] if self.stage != "predict" else None
         trainer = self.trainer
-        module, hooks, hub = trainer.lightning_module, trainer._hooks, trainer._metric_hub
+        module, hooks, hub = trainer.lightning_module, self.hooks, self.hub
         self._check_dataloader_idx(module)
+        self._step_runner = trainer.strategy.evaluation_step_runner(
+            functools.partial(hooks.module, f"{self.name}_step")
+        )
+        self._step_context = trainer.strategy.precision_plugin.step_context
         several = len(self.loaders) > 1
         modes = {m: m.training for m in module.modules()}
         hooks.module(f"on_{self.name}_model_eval")
@@ -102,7 +124,7 @@ class EvaluationLoop:
             if trainer.world_size > 1 and self.stage != "predict" and not has_length(loader):
                 iterator = stop_together(iterator, trainer.runtime)
             for batch_idx, batch, _ in batches(iterator, count):
-                output = self._step(module, hooks, hub, trainer._transfer(batch, loader_idx), batch_idx, idx)
+                output = self._step(hooks, hub, self.transfer(batch, loader_idx), batch_idx, idx)
                 if self.stage == "predict":
                     predictions.append(map_tensors(output, lambda t: t.cpu()))
             outputs.append(predictions if self.stage == "predict" else self._loader_end(hub))
@@ -118,35 +140,30 @@ class EvaluationLoop:
         for logged in outputs:
             logged.update(epoch_end)
         if not trainer.sanity_checking:
-            trainer._logger_rows.push({name: value for logged in outputs for name, value in logged.items()} | epoch_end)
+            self.logger_rows.push({name: value for logged in outputs for name, value in logged.items()} | epoch_end)
         hooks.both(f"on_{self.name}_end")
         hub.reset_results()
         self._restore(modes)
-        trainer._last_val_time = time.monotonic()
         return outputs
 
-    def _step(self, module: Module, hooks: Any, hub: Any, batch: Any, batch_idx: int, idx: int | None) -> Any:
+    def _step(self, hooks: Hooks, hub: MetricHub, batch: Any, batch_idx: int, idx: int | None) -> Any:
         args = (batch, batch_idx) if idx is None else (batch, batch_idx, idx)
         if self.results is not None:
             hub.on_batch_start(batch, idx)
         hooks.both(f"on_{self.name}_batch_start", *args)
-        step = f"{self.name}_step"
         step_args = args if self._takes_batch_idx else args[:1] + args[2:]
-        with self.trainer._precision.step_context():
-            if self.trainer._sharded is None:
-                output = hooks.module(step, *step_args)
-            else:  # through the sharded root, which gathers the parameters that no sharded submodule owns
-                output = self.trainer._sharded.run(functools.partial(hooks.module, step), *step_args)
+        with self._step_context():
+            output = self._step_runner(*step_args)
         hooks.both(f"on_{self.name}_batch_end", output, *args)
         if self.results is not None:
             hub.on_batch_end()
             if not self.trainer.sanity_checking:
                 loader_idx = idx or 0
-                self.trainer._logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx], save=False)
+                self.logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx], save=False)
                 self.logged_batches[loader_idx] += 1
         return output
 
-    def _loader_end(self, hub: Any) -> dict[str, torch.Tensor]:
+    def _loader_end(self, hub: MetricHub) -> dict[str, torch.Tensor]:
         hub.epoch_end_reached()
         return {} if self.trainer.sanity_checking else dict(hub.flush())
 
@@ -178,7 +195,7 @@ class EvaluationLoop:
         module = self.trainer.lightning_module
         hook = f"on_{self.name}_model_train"
         if self.stage != "predict" and is_overridden(hook, module, Module):
-            self.trainer._hooks.module(hook)
+            self.hooks.module(hook)
         else:
             for submodule, training in modes.items():
                 submodule.training = training

@@ -6,9 +6,13 @@ callbacks that override a hook are called for it, so an unused hook costs nothin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.callback import CALLBACK_HOOKS, Callback
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.trainer import Trainer
 
 # Module hooks whose default does nothing (or hands its first argument back): not calling them when they are
 # not overridden is the same run, minus a Python call per hook per step.
@@ -28,10 +32,15 @@ def monitors_metrics(callback: Callback) -> bool:
 
 
 class Hooks:
-    def __init__(self, trainer: Any, module: Any, callbacks: list[Callback]) -> None:
+    """The Trainer's one hook caller; ``attach`` points it at each stage's module and callbacks."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self.active: frozenset[str] = frozenset()
+
+    def attach(self, module: Module, callbacks: list[Callback]) -> None:
         from gpulayer.trainer.module import Module
 
-        self._trainer = trainer
         self._module = module
         self._callbacks = callbacks
         self._overriding = {

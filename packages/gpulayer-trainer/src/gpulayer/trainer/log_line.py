@@ -8,15 +8,18 @@ from __future__ import annotations
 import math
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpulayer.trainer.batch import batch_size_of
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
+
 
 class LogLine:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self._since: float | None = None
         self._batches = 0

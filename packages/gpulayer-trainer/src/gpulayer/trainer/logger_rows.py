@@ -10,13 +10,16 @@ buffered by the logger and written at log points and epoch ends; no file is touc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
+
 
 class LoggerRows:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
     def push(self, metrics: dict[str, Any], step: int | None = None, save: bool = True, step_offset: int = 0) -> None:

@@ -43,7 +43,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
             return tensor.device
         for tensor in self.buffers():
             return tensor.device
-        return torch.device("cpu") if self._trainer is None else self._trainer._device
+        return torch.device("cpu") if self._trainer is None else self._trainer.strategy.root_device
 
     @property
     def dtype(self) -> torch.dtype:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,33 +23,45 @@ from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import ScaledOptimizer
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.arguments import TrainerArguments
+    from gpulayer.trainer.fit_loop import FitLoop
+    from gpulayer.trainer.hooks import Hooks
+    from gpulayer.trainer.strategy import Strategy
+
 
 class AutomaticOptimization:
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    """The optimization of one batch (``run``) when ``automatic_optimization`` is on: the fit loop holds one per
+    ``fit``, built with everything it uses, and counts on it to advance ``global_step``."""
+
+    def __init__(
+        self,
+        loop: FitLoop,
+        module: Module,
+        hooks: Hooks,
+        strategy: Strategy,
+        optimizers: list[torch.optim.Optimizer],
+        args: TrainerArguments,
+    ) -> None:
+        self.loop, self.hooks, self.args = loop, hooks, args
+        self.optimizer = optimizers[0]
+        self.global_rank = strategy.global_rank
         self._warned_none = False
-        self._takes_batch_idx = takes_batch_idx(trainer.lightning_module.training_step)
+        self._takes_batch_idx = takes_batch_idx(module.training_step)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
         # that do not step keep their gradients local.
-        step = functools.partial(trainer._hooks.module, "training_step")
-        parallel = trainer._data_parallel
-        self._training_step = step if parallel is None else functools.partial(parallel.run, step)
-        self._no_sync = contextlib.nullcontext if parallel is None else parallel.no_sync
+        self._training_step = strategy.training_step_runner(functools.partial(hooks.module, "training_step"))
+        self._no_sync = strategy.no_sync
         # What backward's gradient collective is called when it fails (a peer that never entered it, a lost peer).
-        self._gradient_sync = None
-        if parallel is not None:
-            sharded = trainer._sharded is not None
-            self._gradient_sync = "FSDP's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
-        step_context = trainer._precision.step_context
-        self._step_context = None if step_context is contextlib.nullcontext else step_context
+        self._gradient_sync = strategy.gradient_sync
+        precision = strategy.precision_plugin
+        self._scaler = precision.scaler
+        self._step_context = None if precision.step_context is contextlib.nullcontext else precision.step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
-        self._clips = bool(trainer.args.gradient_clip_val) or is_overridden(
-            "configure_gradient_clipping", trainer.lightning_module, Module
-        )
+        self._clips = bool(args.gradient_clip_val) or is_overridden("configure_gradient_clipping", module, Module)
         # Only on_train_batch_end receives the outputs: without it they are not built (a detach per step).
-        self._returns_outputs = "on_train_batch_end" in trainer._hooks.active
+        self._returns_outputs = "on_train_batch_end" in hooks.active
         # The step hooks a module does not override are their defaults, run directly: a hook call less each.
-        module = trainer.lightning_module
         self._own_zero_grad, self._own_backward, self._own_step = (
             is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "backward", "optimizer_step")
         )
@@ -57,10 +69,10 @@ class AutomaticOptimization:
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
         """One batch; returns the ``outputs`` that ``on_train_batch_end`` receives (None when nothing does) and
         ``training_step``'s loss, for the log line (not detached: read only on the steps that print)."""
-        trainer = self.trainer
-        hooks, args, active = trainer._hooks, trainer.args, trainer._hooks.active
-        optimizer = trainer.optimizers[0]
-        scaler = trainer._precision.scaler
+        loop, hooks, args = self.loop, self.hooks, self.args
+        active = hooks.active
+        optimizer = self.optimizer
+        scaler = self._scaler
         result: list[Any] = [None, {}, None]
 
         def closure() -> torch.Tensor | None:
@@ -79,7 +91,7 @@ class AutomaticOptimization:
                 if "on_before_zero_grad" in active:
                     hooks.both("on_before_zero_grad", optimizer)
                 if self._own_zero_grad:
-                    hooks.module("optimizer_zero_grad", trainer._epochs_completed, batch_idx, optimizer)
+                    hooks.module("optimizer_zero_grad", loop.epochs_completed, batch_idx, optimizer)
                 else:
                     optimizer.zero_grad()
             if loss is not None:
@@ -95,7 +107,7 @@ class AutomaticOptimization:
                     if self._gradient_sync is None or not is_transport_failure(error):
                         raise
                     where = f"loss.backward() after training_step(batch_idx={batch_idx})"
-                    raise CollectiveError(self._gradient_sync, where, trainer.global_rank, error) from error
+                    raise CollectiveError(self._gradient_sync, where, self.global_rank, error) from error
                 if "on_after_backward" in active:
                     hooks.both("on_after_backward")
             result[:] = [loss, extra, step_loss]
@@ -120,10 +132,10 @@ class AutomaticOptimization:
         else:
             stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
             if self._own_step:
-                hooks.module("optimizer_step", trainer._epochs_completed, batch_idx, stepper, closure)
+                hooks.module("optimizer_step", loop.epochs_completed, batch_idx, stepper, closure)
             else:
                 stepper.step(closure=closure)
-            trainer._global_step += 1
+            loop.global_step += 1
         loss, extra, step_loss = result
         if not self._returns_outputs:
             return None, step_loss

@@ -1,13 +1,18 @@
-"""What ``configure_optimizers`` may return, in every single-optimizer form Lightning accepts."""
+"""What ``configure_optimizers`` may return, in every single-optimizer form Lightning accepts, and when the
+schedulers it returned step."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.hooks import Hooks
 
 _FORMS = (
     "an optimizer; a list or tuple of optimizers; a pair ([optimizers], [schedulers or scheduler dicts]); "
@@ -158,3 +163,37 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
     if not isinstance(config.frequency, int) or isinstance(config.frequency, bool) or config.frequency < 1:
         raise ValueError(f'configure_optimizers: the lr scheduler "frequency" is {config.frequency!r}; use an int >= 1')
     return config
+
+
+def step_schedulers(
+    configs: list[LRSchedulerConfig],
+    interval: str,
+    count: int,
+    hooks: Hooks,
+    metrics: Callable[[], dict[str, torch.Tensor]],
+    plateau: bool = False,
+) -> None:
+    """Lightning's ``update_lr_schedulers``: each scheduler of ``interval`` ("step" or "epoch") and of the plateau
+    kind or not, every ``frequency``-th ``count`` (the epoch's stepping batch, or the epoch, numbered from 1),
+    through the module's ``lr_scheduler_step``; a plateau scheduler reads its ``monitor`` from ``metrics()``."""
+    for config in configs:
+        if plateau != config.reduce_on_plateau or config.interval != interval or count % config.frequency:
+            continue
+        metric = None
+        if config.reduce_on_plateau:
+            logged = metrics()
+            metric = logged.get(config.monitor)
+            if metric is None:
+                if config.strict:
+                    raise RuntimeError(
+                        f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; "
+                        f"logged metrics: {sorted(logged)}. Set the scheduler dict's 'monitor' to one of them."
+                    )
+                warnings.warn(
+                    f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged, and strict=False: "
+                    "the learning rate is not updated",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                continue
+        hooks.module("lr_scheduler_step", config.scheduler, metric)

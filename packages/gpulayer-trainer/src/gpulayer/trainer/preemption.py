@@ -1,7 +1,7 @@
 """Preemption: SIGTERM (what Slurm and Kubernetes send before they stop a job) ends ``fit`` with a checkpoint.
 
-The handler only notes the signal. The fit loop acts on it where the ranks already meet (see fit_loop.py): every
-rank finishes its step, the ranks agree, and they save ``hpc_ckpt_N.ckpt`` in ``default_root_dir`` (Lightning's
+The handler only notes the signal. The fit loop acts on it where the ranks already meet (``sync_decisions.py``):
+every rank finishes its step, the ranks agree, and they save ``hpc_ckpt_N.ckpt`` in ``default_root_dir`` (Lightning's
 name for the checkpoint a stopped job resumes from) and exit with status 143 (128 + SIGTERM). A later ``fit``
 resumes it with ``ckpt_path="hpc"``; under Slurm, or in workers the elastic agent restarted, it does so by itself.
 """
@@ -14,7 +14,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
 
 SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
 _HPC = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
@@ -28,7 +31,7 @@ class SIGTERMException(SystemExit):
 
 
 @contextmanager
-def sigterm_noted(trainer: Any) -> Iterator[None]:
+def sigterm_noted(trainer: Trainer) -> Iterator[None]:
     """While ``fit`` runs, SIGTERM sets ``trainer.received_sigterm`` and calls the handler that was there before."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield

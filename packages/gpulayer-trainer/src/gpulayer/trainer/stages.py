@@ -9,24 +9,30 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpulayer.trainer import checkpoint_io, process_settings
-from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.callback import Callback, Checkpoint
-from gpulayer.trainer.checkpoint import resolve_ckpt_path, restore_modules_and_callbacks, restore_training_state
+from gpulayer.trainer.checkpoint import (
+    CheckpointRequest,
+    resolve_ckpt_path,
+    restore_modules_and_callbacks,
+    restore_training_state,
+)
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.ddp import DataParallel
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
-from gpulayer.trainer.optimizers import parse_optimizers
 from gpulayer.trainer.preemption import sigterm_noted
 
+if TYPE_CHECKING:
+    from gpulayer.trainer.evaluation_loop import EvaluationLoop
+    from gpulayer.trainer.trainer import Trainer
 
-def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule | None) -> Any:
+
+def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None) -> Any:
     """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``; returns the loop's result."""
     trainer.should_stop = False
     trainer.state_fn = stage
@@ -34,11 +40,13 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
     trainer.datamodule = datamodule
     if datamodule is not None:
         datamodule.trainer = trainer
-    trainer._hooks = Hooks(trainer, module, trainer.callbacks)
-    trainer._batch_moves = None
+    hooks, strategy = trainer._hooks, trainer.strategy
+    hooks.attach(module, trainer.callbacks)
+    strategy.connect(module)
     try:
-        trainer.callbacks = _with_module_callbacks(trainer.callbacks, trainer._hooks.module("configure_callbacks"))
-        trainer._hooks = hooks = Hooks(trainer, module, trainer.callbacks)
+        trainer.callbacks = _with_module_callbacks(trainer.callbacks, hooks.module("configure_callbacks"))
+        hooks.attach(module, trainer.callbacks)
+        trainer._batch_transfer.prepare(module, datamodule)
         _verify(trainer, stage, module)
         checkpoint = _set_up(trainer, stage, module, datamodule, hooks)
         if stage == "fit":
@@ -46,25 +54,23 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
             with sigterm_noted(trainer):
                 result = _fit(trainer, module, hooks, checkpoint)
         else:
-            loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
             trainer._logger_rows.hyperparameters()
-            # A sharded module gathers its parameters in each step: tensors made under inference_mode could not
-            # serve a later training step (Lightning also evaluates FSDP under no_grad).
-            inference = trainer.args.inference_mode and trainer._sharded is None
+            # Lightning also evaluates FSDP under no_grad: see Strategy.evaluates_in_inference_mode.
+            inference = trainer.args.inference_mode and strategy.evaluates_in_inference_mode
             with torch.inference_mode() if inference else torch.no_grad():
-                result = loop.run()
+                result = _evaluation_loop(trainer, stage).run()
     except BaseException as error:
-        _release_data_parallel(trainer)
+        trainer.fit_loop.optimization = None
         trainer._logger_rows.finalize("failed")
-        trainer._hooks.on_exception(error)
+        hooks.on_exception(error)
         if datamodule is not None:
             datamodule.on_exception(error)
-        _to_cpu(trainer, module)
+        strategy.teardown(trainer.optimizers)
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
-    _release_data_parallel(trainer)
-    _to_cpu(trainer, module)
+    trainer.fit_loop.optimization = None  # with DDP's wrapper (below), its gradient buckets are freed
+    strategy.teardown(trainer.optimizers)
     trainer._logger_rows.finalize("success")
     if stage == "fit":
         hooks.both("on_fit_end")
@@ -75,11 +81,6 @@ def run_stage(trainer: Any, stage: str, module: Module, datamodule: DataModule |
     return result
 
 
-def _release_data_parallel(trainer: Any) -> None:
-    """Drop DDP and the step that runs inside it, so their gradient buckets are freed once the stage ends."""
-    trainer._data_parallel = trainer._optimization = None
-
-
 _REMOVED_HOOKS = {
     "training_epoch_end": "on_train_epoch_end",
     "validation_epoch_end": "on_validation_epoch_end",
@@ -87,7 +88,11 @@ _REMOVED_HOOKS = {
 }
 
 
-def _verify(trainer: Any, stage: str, module: Module) -> None:
+def _evaluation_loop(trainer: Trainer, stage: str) -> EvaluationLoop:
+    return {"validate": trainer.validate_loop, "test": trainer.test_loop, "predict": trainer.predict_loop}[stage]
+
+
+def _verify(trainer: Trainer, stage: str, module: Module) -> None:
     """Lightning's ``_verify_loop_configurations``: inside the run, so ``on_exception`` hears about it."""
     name = type(module).__name__
     for removed, new in _REMOVED_HOOKS.items():
@@ -98,7 +103,7 @@ def _verify(trainer: Any, stage: str, module: Module) -> None:
             raise NotImplementedError(f"{name} must define training_step() to fit")
         if not module.automatic_optimization:
             raise NotImplementedError(f"{name}.automatic_optimization=False: manual optimization is not supported yet")
-        if not trainer._train_source.is_defined():
+        if not trainer.fit_loop.source.is_defined():
             raise ValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
@@ -106,13 +111,13 @@ def _verify(trainer: Any, stage: str, module: Module) -> None:
     if step is not None and not is_overridden(step, module, Module):
         raise NotImplementedError(f"{stage}: {name} does not define {step}()")
     if stage != "fit":
-        loop = {"validate": trainer._val_loop, "test": trainer._test_loop, "predict": trainer._predict_loop}[stage]
+        loop = _evaluation_loop(trainer, stage)
         if not loop.source.is_defined():
             raise ValueError(f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()")
 
 
 def _set_up(
-    trainer: Any, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks
+    trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks
 ) -> dict[str, Any] | None:
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
@@ -128,22 +133,16 @@ def _set_up(
     if is_overridden("configure_model", module, Module):
         hooks.module("configure_model")
     checkpoint = _requested_checkpoint(trainer, stage)
-    # A module an earlier stage sharded stays sharded (its weights load shard by shard); another is sharded below.
-    trainer._sharded = trainer._sharding.sharded(module) if trainer._sharding is not None else None
-    if checkpoint is not None:
+    if checkpoint is not None:  # a module an earlier stage sharded loads its weights shard by shard
         restore_modules_and_callbacks(trainer, checkpoint)
     trainer._metric_hub.activate(None)
     trainer._metric_hub.reset_metrics()
     trainer._metric_hub.first_loop_iter = None
-    if trainer._sharded is None:
-        module.to(trainer._device)
-        trainer._precision.convert_module(module)
-    if trainer._sharding is not None and trainer._sharded is None:  # after the checkpoint's full weights
-        trainer._sharded = trainer._sharding.connect(module, trainer)
+    trainer.strategy.setup_module()  # after the checkpoint's full weights: onto the device, or sharded
     return checkpoint
 
 
-def _prepare_data(trainer: Any, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
+def _prepare_data(trainer: Trainer, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
     """Lightning's rule: on each node's local rank 0 (``prepare_data_per_node=True``) or on global rank 0 only,
     while the other ranks wait (within the process group's timeout)."""
     prepared = False
@@ -161,15 +160,14 @@ def _prepare_data(trainer: Any, module: Module, datamodule: DataModule | None, h
         trainer.runtime.barrier()
 
 
-def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
-    ckpt_path, weights_only, model_given = trainer._checkpoint_request
-    trainer._checkpoint_request = (None, None, True)
+def _requested_checkpoint(trainer: Trainer, stage: str) -> dict[str, Any] | None:
+    request, trainer._checkpoint_request = trainer._checkpoint_request, CheckpointRequest()
     # Rank 0's answer, or its error, on every rank: "last", "best" and "hpc" name files, which other nodes may not
     # see the same way.
     answer: tuple[str | None, ValueError | None] = (None, None)
     if trainer.is_global_zero:
         try:
-            answer = (resolve_ckpt_path(trainer, ckpt_path, stage, model_given), None)
+            answer = (resolve_ckpt_path(trainer, request.path, stage, request.model_given), None)
         except ValueError as error:
             answer = (None, error)
     trainer.ckpt_path, error = trainer.runtime.broadcast(answer)
@@ -177,46 +175,26 @@ def _requested_checkpoint(trainer: Any, stage: str) -> dict[str, Any] | None:
         raise error
     if trainer.ckpt_path is None:
         return None
-    return checkpoint_io.load(trainer.ckpt_path, weights_only=weights_only is not False)
+    return checkpoint_io.load(trainer.ckpt_path, weights_only=request.weights_only is not False)
 
 
-def _fit(trainer: Any, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:
-    trainer.fit_loop.resolve_limits()
-    if trainer._ddp is not None and trainer.world_size > 1:  # before configure_optimizers, as Lightning wraps
-        trainer._data_parallel = DataParallel(module, trainer._ddp, trainer._device)
-    trainer._data_parallel = trainer._sharded or trainer._data_parallel  # the optimizer holds the shards
-    trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(hooks.module("configure_optimizers"))
-    trainer._optimization = AutomaticOptimization(trainer)
+def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:
+    loop, strategy = trainer.fit_loop, trainer.strategy
+    loop.resolve_limits()
+    strategy.setup_training()  # before configure_optimizers, as Lightning wraps (and the optimizer holds the shards)
+    trainer.optimizers, trainer.lr_scheduler_configs = strategy.setup_optimizers(hooks.module("configure_optimizers"))
+    loop.optimization = AutomaticOptimization(loop, module, hooks, strategy, trainer.optimizers, trainer.args)
     hooks.both("on_fit_start")
     trainer._logger_rows.hyperparameters()
     if checkpoint is not None:
         restore_training_state(trainer, checkpoint)
-    if trainer.fit_loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch
+    if loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch
         with _isolated_rng():
-            _sanity_check(trainer, hooks)
-    if trainer._device.type == "cuda" and trainer.args.benchmark is None:
+            loop.sanity_check()
+    if strategy.root_device.type == "cuda" and trainer.args.benchmark is None:
         # Counting the planned steps requests the train loader, which Lightning does here, after the sanity check.
-        process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, trainer._device)
-    trainer.fit_loop.run()
-
-
-def _sanity_check(trainer: Any, hooks: Hooks) -> None:
-    """A few validation batches before training; its metrics are discarded and the RNG is left as it was."""
-    if not (trainer._val_loop.is_enabled() and trainer.args.num_sanity_val_steps > 0):
-        return
-    hub = trainer._metric_hub
-    trainer.sanity_checking = True
-    try:
-        hub.reset_results()
-        hub.reset_metrics()
-        hooks.callbacks("on_sanity_check_start")
-        trainer._run_validation()
-        hooks.callbacks("on_sanity_check_end")
-        hub.activate(trainer._val_loop.results)
-        hub.reset_results()
-        hub.reset_metrics()
-    finally:
-        trainer.sanity_checking = False
+        process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, strategy.root_device)
+    loop.run()
 
 
 def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callback]:
@@ -232,18 +210,6 @@ def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callba
     }
     merged = [c for c in callbacks if type(c) not in replaced] + extra
     return [c for c in merged if not isinstance(c, Checkpoint)] + [c for c in merged if isinstance(c, Checkpoint)]
-
-
-def _to_cpu(trainer: Any, module: Module) -> None:
-    """Lightning's strategy teardown: the model and the optimizer state go back to the CPU after every run (a
-    sharded module stays sharded where it is, for the next stage)."""
-    if trainer._device.type == "cpu" or trainer._sharded is not None:
-        return
-    module.cpu()
-    for optimizer in trainer.optimizers:
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                state[key] = map_tensors(value, lambda t: t.cpu())
 
 
 @contextlib.contextmanager

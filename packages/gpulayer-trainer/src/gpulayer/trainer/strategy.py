@@ -1,81 +1,182 @@
-"""``strategy=``: ``"auto"``, ``"single_device"``, ``"ddp"``, a ``DDPStrategy`` with DDP's options, or a strategy
-another distribution registers under the ``gpulayer.strategies`` entry point (``"fsdp"``: gpulayer-fsdp)."""
+"""``Strategy``: the one contract by which the module trains on this job's processes, and ``SingleDeviceStrategy``.
+
+One process (``SingleDeviceStrategy``), DDP (``ddp.py``) and FSDP (gpulayer-fsdp) each implement it. The Trainer
+hands a strategy its ``Runtime``, device and precision once (``attach``), and the module for each stage
+(``connect``); the loops then ask it to place the module, to run steps, to keep gradients local, and to read and
+write the module's and optimizers' state. Users reach it as ``trainer.strategy``, with Lightning 2.6's names for
+what they call on it (``lightning/pytorch/strategies/strategy.py``): ``barrier``, ``broadcast``, ``reduce``,
+``all_gather``, ``reduce_boolean_decision``, ``root_device``, ``is_global_zero``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-STRATEGY_NAMES = (
-    "auto",
-    "single_device",
-    "ddp",
-    "ddp_find_unused_parameters_true",
-    "ddp_find_unused_parameters_false",
-)
-ENTRY_POINT_GROUP = "gpulayer.strategies"
-# Where the strategies GPUlayer itself publishes come from, for the error when one is not installed.
-_PUBLISHED = {"fsdp": "gpulayer-fsdp"}
-# Lightning's other ways of starting DDP processes; GPUlayer starts them with torch's elastic agent instead.
-_LAUNCHER_VARIANTS = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 
+if TYPE_CHECKING:
+    from gpulayer.runtime import Runtime
+    from gpulayer.trainer.precision import Precision
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)  # Lightning's default_pg_timeout
+_REDUCE_OPS = {"sum": "sum", "mean": "mean", "avg": "mean", "max": "max", "min": "min"}
 
 
-class DDPStrategy:
-    """DistributedDataParallel with the options users tune; the rest of ``ddp_kwargs`` goes to DDP as is.
+class Strategy:
+    """How the module trains on this job's processes: where it lives, how a step runs, how ranks talk.
 
-    ``timeout`` (a ``timedelta`` or seconds) bounds every collective: a rank that stops answering ends the job
-    after it. The default is Lightning's, 30 minutes; ``None`` keeps torch's (30 minutes on gloo, 10 on NCCL). It
-    applies to the process group the Trainer creates, not to one that already exists.
+    A subclass overrides what differs from one process: ``setup_module`` (place or shard the module),
+    ``setup_training`` (wrap it while ``fit`` trains), ``training_step_runner``/``evaluation_step_runner`` (run a
+    step where the wrapper's hooks see it), ``no_sync``, ``teardown``, and the state methods. ``timeout`` bounds
+    every collective of the process group the Trainer creates.
     """
 
-    strategy_name = "ddp"
+    strategy_name = ""
+    timeout: timedelta | None = DEFAULT_TIMEOUT
+    # Whether evaluation may run under torch.inference_mode (a sharded module gathers parameters in each step:
+    # tensors made under inference_mode could not serve a later training step).
+    evaluates_in_inference_mode = True
+    gradient_sync: str | None = None  # backward's gradient collective, named when it fails
 
-    def __init__(
-        self,
-        *,
-        find_unused_parameters: bool = False,
-        static_graph: bool = False,
-        gradient_as_bucket_view: bool = False,
-        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-        **ddp_kwargs: Any,
-    ) -> None:
-        for name, value in (
-            ("find_unused_parameters", find_unused_parameters),
-            ("static_graph", static_graph),
-            ("gradient_as_bucket_view", gradient_as_bucket_view),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(f"DDPStrategy({name}={value!r}): accepted values are True or False")
-        timeout = as_timeout(timeout, "DDPStrategy")
-        reserved = {"module", "device_ids", "output_device", "process_group"} & ddp_kwargs.keys()
-        if reserved:
-            raise ValueError(f"DDPStrategy({', '.join(sorted(reserved))}=...): the Trainer sets these itself")
-        self.find_unused_parameters = find_unused_parameters
-        self.static_graph = static_graph
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.timeout: timedelta | None = timeout
-        self.ddp_kwargs = ddp_kwargs
+    def __init__(self) -> None:
+        self.runtime: Runtime | None = None
+        self.precision_plugin: Precision | None = None
+        self.root_device = torch.device("cpu")  # the device this process trains on (set by ``attach``)
+        self.lightning_module: nn.Module | None = None
 
-    def ddp_options(self) -> dict[str, Any]:
-        return {
-            "find_unused_parameters": self.find_unused_parameters,
-            "static_graph": self.static_graph,
-            "gradient_as_bucket_view": self.gradient_as_bucket_view,
-            **self.ddp_kwargs,
-        }
+    # ---- given by the Trainer ------------------------------------------------------------------------------------
+    def check_world_size(self, world_size: int) -> None:
+        """Refuse, at construction, a number of processes this strategy cannot train on."""
 
-    def __repr__(self) -> str:
-        options = {k: v for k, v in self.ddp_options().items() if v} | (
-            {"timeout": self.timeout} if self.timeout else {}
-        )
-        return f"DDPStrategy({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+    def attach(self, runtime: Runtime, device: torch.device, precision: Precision) -> None:
+        """The process group, device and precision of the Trainer this strategy serves."""
+        self.runtime, self.root_device, self.precision_plugin = runtime, device, precision
+
+    def connect(self, module: nn.Module) -> None:
+        """The module of the stage about to run (Lightning's ``Strategy.connect``)."""
+        self.lightning_module = module
+
+    # ---- the ranks, with Lightning's names -----------------------------------------------------------------------
+    is_global_zero = property(lambda self: self._runtime.is_global_zero)
+    world_size = property(lambda self: self._runtime.world_size)
+    global_rank = property(lambda self: self._runtime.global_rank)
+    local_rank = property(lambda self: self._runtime.local_rank)
+    node_rank = property(lambda self: self._runtime.node_rank)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank reaches this call (``name`` is Lightning's label; unused)."""
+        self._runtime.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s ``obj`` on every rank: a picklable object, or a tensor (filled in place)."""
+        return self._runtime.broadcast(obj, src)
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """``tensor`` reduced across ranks in place (``reduce_op``: "mean"/"avg", "sum", "max", "min" or a
+        ``torch.distributed.ReduceOp`` of those); anything but a tensor is returned as it is, as in Lightning."""
+        _world_group_only(group, "reduce")
+        op = _reduce_op(reduce_op)
+        if not isinstance(tensor, torch.Tensor) or self.world_size == 1:
+            return tensor
+        if op == "mean" and not tensor.is_floating_point():  # Lightning divides into the integer tensor
+            self._runtime.all_reduce(tensor, "sum")
+            return tensor.copy_(tensor / self.world_size)
+        return self._runtime.all_reduce(tensor, op)
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked along a new first dimension (one process: ``tensor`` as it is);
+        ``sync_grads=True`` lets gradients flow back to each rank's input."""
+        _world_group_only(group, "all_gather")
+        if self.world_size == 1:
+            return tensor
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather
+
+            return torch.stack(all_gather(tensor))
+        return torch.stack(self._runtime.all_gather(tensor))
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """True on every rank when ``decision`` is true on all ranks (``all=True``) or on any."""
+        return self._runtime.all(decision) if all else self._runtime.any(decision)
+
+    @property
+    def _runtime(self) -> Runtime:
+        if self.runtime is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer yet; pass it as Trainer(strategy=)")
+        return self.runtime
+
+    # ---- the module ----------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module | None:
+        """What steps run through while ``fit`` trains (DDP's wrapper), else the module itself."""
+        return self.lightning_module
+
+    def setup_module(self) -> None:
+        """Put the module on ``root_device`` in the Trainer's precision, after any checkpoint weights loaded."""
+        module = self.lightning_module
+        module.to(self.root_device)
+        self.precision_plugin.convert_module(module)
+
+    def setup_training(self) -> None:
+        """Before ``configure_optimizers`` in ``fit`` (DDP wraps the module here)."""
+
+    def setup_optimizers(self, configured: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+        """The optimizers and scheduler configs of what ``configure_optimizers`` returned (Lightning's
+        ``Strategy.setup_optimizers``); a strategy that wraps optimizers does it here."""
+        return parse_optimizers(configured)
+
+    def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """What runs ``step`` in training: ``step`` itself, or ``step`` inside a wrapper's forward."""
+        return step
+
+    def evaluation_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """What runs ``step`` in validation, test and predict."""
+        return step
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        """A micro-batch that does not step: gradients are kept, not reduced."""
+        return contextlib.nullcontext()
+
+    def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """After every stage: drop training wrappers, and put the module and optimizer state back on the CPU
+        (Lightning's strategy teardown)."""
+        if self.root_device.type == "cpu":
+            return
+        self.lightning_module.cpu()
+        for optimizer in optimizers:
+            for state in optimizer.state.values():
+                for key, value in state.items():
+                    state[key] = map_tensors(value, lambda t: t.cpu())
+
+    # ---- checkpoint state: as one process would hold it, whatever the strategy -------------------------------------
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The module's full ``state_dict`` (what global rank 0 writes)."""
+        return self.lightning_module.state_dict()
+
+    def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        self.lightning_module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer.state_dict()`` as one process would have it."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+
+class SingleDeviceStrategy(Strategy):
+    """One process on one device (``strategy="single_device"``, and ``"auto"`` on one process)."""
+
+    strategy_name = "single_device"
+    timeout = None
 
 
 def as_timeout(value: timedelta | float | None, owner: str) -> timedelta | None:
@@ -89,101 +190,21 @@ def as_timeout(value: timedelta | float | None, owner: str) -> timedelta | None:
     return timedelta(seconds=value)
 
 
-class Strategy:
-    """What a strategy from another distribution implements: it shards the module in place and says how a step
-    runs, how gradients stay local, and how the full state is read and written (see gpulayer-fsdp)."""
-
-    strategy_name = ""
-    timeout: timedelta | None = DEFAULT_TIMEOUT
-
-    def check_world_size(self, world_size: int) -> None:
-        """Refuse, at construction, a number of processes this strategy cannot train on."""
-
-    def sharded(self, module: torch.nn.Module) -> ShardedModule | None:
-        """``module`` as an earlier ``connect`` sharded it, or None."""
-        raise NotImplementedError
-
-    def connect(self, module: torch.nn.Module, trainer: Any) -> ShardedModule:
-        """Shard ``module`` (on its device, in the Trainer's precision) in place, every rank from rank 0's weights."""
-        raise NotImplementedError
-
-
-class ShardedModule:
-    """A module a ``Strategy`` has sharded: every rank calls each method, since each may be a collective."""
-
-    def run(self, step: Any, *args: Any) -> Any:
-        """``step(*args)`` where the strategy's hooks see it (training and evaluation steps)."""
-        raise NotImplementedError
-
-    def no_sync(self) -> AbstractContextManager[None]:
-        """A micro-batch that does not step: gradients are kept, not reduced."""
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        """The module's full ``state_dict`` on global rank 0 (on the CPU); other ranks may get ``{}``."""
-        raise NotImplementedError
-
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool) -> None:
-        """Load a full ``state_dict`` (rank 0's is the one used)."""
-        raise NotImplementedError
-
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """``optimizer.state_dict()`` as one process would have it, on global rank 0."""
-        raise NotImplementedError
-
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-def check_strategy(value: Any) -> None:
-    """Refuse a strategy that no world size makes valid."""
-    if not isinstance(value, (DDPStrategy, Strategy)):
-        _name(value)
-
-
-def _name(value: Any) -> str:
-    name = value.lower() if isinstance(value, str) else value
-    if name in _LAUNCHER_VARIANTS:
+def _reduce_op(value: Any) -> str:
+    if isinstance(value, str):
+        op = _REDUCE_OPS.get(value.lower())
+    else:
+        reduce_op = torch.distributed.ReduceOp
+        pairs = ((reduce_op.SUM, "sum"), (reduce_op.AVG, "mean"), (reduce_op.MAX, "max"), (reduce_op.MIN, "min"))
+        op = next((name for member, name in pairs if value == member), None)
+    if op is None:
         raise ValueError(
-            f"strategy={value!r}: GPUlayer starts DDP processes with torch's elastic agent; use strategy='ddp' "
-            "(python train.py starts them for you, or run under gpulayer launch, torchrun or srun)"
+            f"reduce(reduce_op={value!r}): accepted values are 'mean', 'avg', 'sum', 'max', 'min' or "
+            "torch.distributed.ReduceOp.SUM, AVG, MAX, MIN"
         )
-    if isinstance(name, str) and name in STRATEGY_NAMES:
-        return name
-    if isinstance(name, str) and name in _PUBLISHED and name not in registered_strategies():
-        package = _PUBLISHED[name]
-        raise ValueError(
-            f"strategy={value!r} needs the {package} distribution, which is not installed: "
-            f"pip install {package} (or gpulayer[all])"
-        )
-    if not isinstance(name, str) or name not in registered_strategies():
-        accepted = ", ".join(map(repr, (*STRATEGY_NAMES, *sorted({*registered_strategies(), *_PUBLISHED}))))
-        raise ValueError(f"strategy={value!r}: accepted values are {accepted} or a gpulayer.trainer.DDPStrategy")
-    return name
+    return op
 
 
-def registered_strategies() -> dict[str, Any]:
-    """The strategies installed distributions publish: name -> entry point (loaded only when chosen)."""
-    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def resolve_strategy(value: Any, world_size: int) -> tuple[str, DDPStrategy | Strategy | None]:
-    """(name, options): ``"auto"`` is DDP for more than one process, else one device; a registered name is its
-    strategy with default options."""
-    if isinstance(value, DDPStrategy):
-        return "ddp", value
-    if isinstance(value, Strategy):
-        value.check_world_size(world_size)
-        return value.strategy_name, value
-    name = _name(value)
-    if name not in STRATEGY_NAMES:
-        strategy = registered_strategies()[name].load()()
-        strategy.check_world_size(world_size)
-        return name, strategy
-    if name == "single_device":
-        if world_size > 1:
-            raise ValueError(f"strategy='single_device' trains one process, but devices * num_nodes = {world_size}")
-        return name, None
-    if name == "auto":
-        return ("ddp", DDPStrategy()) if world_size > 1 else ("single_device", None)
-    return "ddp", DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true")
+def _world_group_only(group: Any, method: str) -> None:
+    if group is not None and group is not torch.distributed.group.WORLD:
+        raise ValueError(f"{method}(group={group!r}): GPUlayer reduces over every rank; accepted values are None")

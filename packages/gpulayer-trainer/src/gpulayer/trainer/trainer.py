@@ -14,26 +14,24 @@ from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
 from gpulayer.trainer.arguments import parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
-from gpulayer.trainer.checkpoint import dump_checkpoint
+from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.ddp import DataParallel
 from gpulayer.trainer.defaults import callback_list, default_callbacks, default_logger
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
-from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.log_line import LogLine
 from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
-from gpulayer.trainer.strategy import DDPStrategy, ShardedModule, Strategy
+from gpulayer.trainer.strategy import Strategy
+from gpulayer.trainer.transfer import BatchTransfer
 from gpulayer.trainer.world import device_of, devices_per_node, find_placement
-
-_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
 class Trainer:
@@ -43,7 +41,7 @@ class Trainer:
         self,
         *,
         accelerator: str = "auto",
-        strategy: str | DDPStrategy | Strategy = "auto",
+        strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int = 1,
         precision: Any = None,
@@ -111,14 +109,11 @@ class Trainer:
         self.logger = default_logger(logger, self.args)
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
         # `gpulayer launch` here and never returns (see world.py).
-        self._placement, self.strategy_name, strategy = find_placement(self.args)
-        self._ddp = strategy if isinstance(strategy, DDPStrategy) else None
-        self._sharding = strategy if isinstance(strategy, Strategy) else None  # a registered strategy (FSDP)
+        placement, self.strategy = find_placement(self.args)
         # The process group, and the collectives that make decisions that end or skip work the same on every rank.
-        self.runtime = Runtime(self._placement, timeout=strategy.timeout if strategy is not None else None)
-        self._device = device_of(self.args, self._placement)
-        self._data_parallel: DataParallel | ShardedModule | None = None  # what a training step runs inside
-        self._sharded: ShardedModule | None = None  # the module as the registered strategy sharded it
+        self.runtime = Runtime(placement, timeout=self.strategy.timeout)
+        device = device_of(self.args, placement)
+        self.strategy.attach(self.runtime, device, Precision(self.args.precision, device))
         process_settings.apply(self.args)
         self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
@@ -129,23 +124,24 @@ class Trainer:
         self.datamodule: DataModule | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
-        self._global_step = 0
-        self._epochs_completed = 0
-        self._last_val_time = 0.0
-        self._precision = Precision(self.args.precision, self._device)
+        self.ckpt_path: str | None = None
+        # The Trainer's parts, each built once and handed to the loops that use it.
+        self._checkpoint_request = CheckpointRequest()  # what the running entry point asked to load
+        self._hooks = Hooks(self)
         self._metric_hub = MetricHub(self.runtime.all_reduce if self.world_size > 1 else None)
         self._log_line = LogLine(self)
         self._logger_rows = LoggerRows(self)
-        self._optimization: Any = None
-        self._hooks: Any = None
-        self._train_source: DataSource | None = None
-        self._batch_moves: bool | None = None  # decided once per run (see _transfers_batches)
-        self._checkpoint_request: tuple[str | None, bool | None, bool] = (None, None, True)
-        self.ckpt_path: str | None = None
-        self.fit_loop = FitLoop(self)
-        self._val_loop = EvaluationLoop(self, "validate")
-        self._test_loop = EvaluationLoop(self, "test")
-        self._predict_loop = EvaluationLoop(self, "predict")
+        self._batch_transfer = BatchTransfer(device, self.strategy.precision_plugin, self._hooks, self.args.prefetch)
+        parts = {
+            "hooks": self._hooks,
+            "hub": self._metric_hub,
+            "logger_rows": self._logger_rows,
+            "transfer": self._batch_transfer,
+        }
+        self.validate_loop = EvaluationLoop(self, "validate", **parts)
+        self.test_loop = EvaluationLoop(self, "test", **parts)
+        self.predict_loop = EvaluationLoop(self, "predict", **parts)
+        self.fit_loop = FitLoop(self, log_line=self._log_line, val_loop=self.validate_loop, **parts)
 
     # ---- entry points ----------------------------------------------------------------------------------------------
     def fit(
@@ -166,14 +162,14 @@ class Trainer:
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
         module = _check_module(model, "fit")
-        self._checkpoint_request = (ckpt_path, weights_only, True)
-        self._train_source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
-        if self._train_source.is_defined() is False:
+        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only)
+        source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
+        if source.is_defined() is False:
             raise ValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
-        self._val_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
-        self.fit_loop.loader = None
+        self.fit_loop.attach(source)
+        self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
         run_stage(self, "fit", module, datamodule)
 
     def validate(
@@ -186,8 +182,8 @@ class Trainer:
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One validation run; one dict of epoch metrics per loader, as Python floats."""
-        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
-        return self._evaluate("validate", self._val_loop, model, dataloaders, verbose, datamodule)
+        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
+        return self._evaluate("validate", self.validate_loop, model, dataloaders, verbose, datamodule)
 
     def test(
         self,
@@ -199,8 +195,8 @@ class Trainer:
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One test run; one dict of epoch metrics per loader, as Python floats."""
-        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
-        return self._evaluate("test", self._test_loop, model, dataloaders, verbose, datamodule)
+        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
+        return self._evaluate("test", self.test_loop, model, dataloaders, verbose, datamodule)
 
     def predict(
         self,
@@ -212,9 +208,9 @@ class Trainer:
         weights_only: bool | None = None,
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
-        self._checkpoint_request = (ckpt_path, weights_only, model is not None)
+        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         module, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
-        self._predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
+        self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
         predictions = run_stage(self, "predict", module, datamodule)
         return predictions if return_predictions is not False else None
 
@@ -247,11 +243,6 @@ class Trainer:
             model = self.lightning_module
         return _check_module(model, stage), datamodule
 
-    def _run_validation(self) -> None:
-        """Validation during ``fit``: always under ``no_grad`` (Lightning's rule, whatever ``inference_mode`` says)."""
-        with torch.no_grad():
-            self._val_loop.run()
-
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
         calling it on rank 0 alone is safe, except under a sharding strategy: there every rank gathers its shards)."""
@@ -272,57 +263,18 @@ class Trainer:
         callbacks = self.checkpoint_callbacks
         return callbacks[0] if callbacks else None
 
-    # ---- per-batch plumbing ------------------------------------------------------------------------------------------
-    def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Lightning's batch path: precision conversion, then the three transfer hooks (a DataModule's win)."""
-        if not (self._batch_moves if self._batch_moves is not None else self._transfers_batches()):
-            return batch
-        batch = self._precision.convert_input(batch)
-        owner = self.datamodule
-        batch = self._transfer_hook("on_before_batch_transfer", owner, batch, dataloader_idx)
-        batch = self._transfer_hook("transfer_batch_to_device", owner, batch, self._device, dataloader_idx)
-        return self._transfer_hook("on_after_batch_transfer", owner, batch, dataloader_idx)
-
-    def _transfers_batches(self) -> bool:
-        """Whether ``_transfer`` changes batches this run (decided once per run)."""
-        if self._batch_moves is None:
-            self._batch_moves = self._batch_path_does_something()
-        return self._batch_moves
-
-    def _batch_path_does_something(self) -> bool:
-        """False on the CPU at full precision with no transfer hook overridden: every step then hands the batch
-        through unchanged, so the path is skipped (decided once per run)."""
-        return self._device.type != "cpu" or self._precision.converts_input or self._transfer_hooks_overridden()
-
-    def _transfer_hooks_overridden(self) -> bool:
-        """Whether the module or the DataModule defines any of the three batch-transfer hooks."""
-        return any(
-            is_overridden(hook, self.lightning_module, Module)
-            or (self.datamodule is not None and hasattr(type(self.datamodule), hook))
-            for hook in _TRANSFER_HOOKS
-        )
-
-    def _transfer_hook(self, name: str, datamodule: DataModule | None, *args: Any) -> Any:
-        if datamodule is not None and hasattr(type(datamodule), name):
-            return getattr(datamodule, name)(*args)
-        return self._hooks.module(name, *args)
-
-    def _batch_source(self, iterator: Any) -> Any:
-        if not self.args.prefetch:
-            return iterator
-        from gpulayer.trainer.prefetch import prefetch
-
-        moves_on_side_stream = self._device.type == "cuda" and not self._transfer_hooks_overridden()
-        return prefetch(iterator, self._device if moves_on_side_stream else None)
-
     # ---- state -------------------------------------------------------------------------------------------------------
     @property
     def global_step(self) -> int:
-        return self._global_step
+        return self.fit_loop.global_step
 
     @property
     def current_epoch(self) -> int:
-        return self._epochs_completed
+        return self.fit_loop.epochs_completed
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.strategy_name
 
     @property
     def model(self) -> Module | None:
@@ -377,17 +329,17 @@ class Trainer:
     limit_predict_batches = property(lambda self: self.args.limit_predict_batches)
     default_root_dir = property(lambda self: self.args.default_root_dir)
     num_training_batches = property(lambda self: self.fit_loop.max_batches)
-    num_val_batches = property(lambda self: list(self._val_loop.max_batches))
-    num_test_batches = property(lambda self: list(self._test_loop.max_batches))
-    num_predict_batches = property(lambda self: list(self._predict_loop.max_batches))
+    num_val_batches = property(lambda self: list(self.validate_loop.max_batches))
+    num_test_batches = property(lambda self: list(self.test_loop.max_batches))
+    num_predict_batches = property(lambda self: list(self.predict_loop.max_batches))
     is_last_batch = property(lambda self: self.fit_loop.is_last_batch)
-    global_rank = property(lambda self: self._placement.global_rank)
-    local_rank = property(lambda self: self._placement.local_rank)
-    node_rank = property(lambda self: self._placement.node_rank)
-    world_size = property(lambda self: self._placement.world_size)
+    global_rank = property(lambda self: self.runtime.global_rank)
+    local_rank = property(lambda self: self.runtime.local_rank)
+    node_rank = property(lambda self: self.runtime.node_rank)
+    world_size = property(lambda self: self.runtime.world_size)
     num_nodes = property(lambda self: self.args.num_nodes)
-    num_devices = property(lambda self: devices_per_node(self.args, self._placement))
-    is_global_zero = property(lambda self: self._placement.global_rank == 0)
+    num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
+    is_global_zero = property(lambda self: self.runtime.global_rank == 0)
     training = property(lambda self: self.state_fn == "fit" and not self.sanity_checking)
     validating = property(lambda self: self.state_fn == "validate" or self.sanity_checking)
     testing = property(lambda self: self.state_fn == "test")

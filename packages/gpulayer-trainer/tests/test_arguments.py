@@ -1,11 +1,13 @@
 """Trainer(...) rejects bad arguments at construction, naming the argument, the value and what is accepted."""
 
+import inspect
 import math
 from datetime import timedelta
 
 import pytest
+import torch
 
-from gpulayer.trainer import Callback, DDPStrategy, Trainer
+from gpulayer.trainer import Callback, DDPStrategy, Module, Trainer
 
 BAD = [
     ({"accelerator": "tpu"}, ValueError, "accelerator='tpu'"),
@@ -51,6 +53,19 @@ BAD = [
     ({"prefetch": 1}, TypeError, "prefetch=1"),
     ({"default_root_dir": 3}, TypeError, "default_root_dir=3"),
     ({"callbacks": ["not a callback"]}, TypeError, "callbacks="),
+    ({"logger": ["not a logger"]}, TypeError, "logger=['not a logger']"),
+    ({"enable_progress_bar": 0}, TypeError, "enable_progress_bar=0"),
+    ({"enable_model_summary": "no"}, TypeError, "enable_model_summary='no'"),
+    ({"barebones": None}, TypeError, "barebones=None"),
+    ({"detect_anomaly": 1}, TypeError, "detect_anomaly=1"),
+    ({"overfit_batches": -1}, ValueError, "overfit_batches=-1"),
+    ({"overfit_batches": 1.5}, ValueError, "overfit_batches=1.5"),
+    ({"reload_dataloaders_every_n_epochs": -1}, ValueError, "reload_dataloaders_every_n_epochs=-1"),
+    ({"sync_batchnorm": "yes"}, TypeError, "sync_batchnorm='yes'"),
+    ({"enable_autolog_hparams": None}, TypeError, "enable_autolog_hparams=None"),
+    ({"profiler": "simple"}, ValueError, "profiler='simple': GPUlayer has no profiler"),
+    ({"plugins": []}, ValueError, "plugins=[]: GPUlayer takes no plugins"),
+    ({"model_registry": "my-model"}, ValueError, "model_registry='my-model': GPUlayer uploads nothing"),
 ]
 
 
@@ -164,3 +179,43 @@ def test_a_single_callback_or_a_list_is_accepted():
     callback = Callback()
     assert Trainer(accelerator="cpu", callbacks=callback, enable_checkpointing=False).callbacks == [callback]
     assert Trainer(accelerator="cpu", callbacks=[callback], enable_checkpointing=False).callbacks == [callback]
+
+
+def test_every_lightning_trainer_argument_is_known_by_name():
+    """A Lightning script's Trainer(...) never meets Python's "unexpected keyword argument": each of Lightning's
+    arguments is adopted, or refused by name with what to do instead (the BAD cases above)."""
+    lightning = pytest.importorskip("lightning.pytorch")
+    theirs = set(inspect.signature(lightning.Trainer.__init__).parameters) - {"self"}
+    ours = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+    assert theirs - ours == set()
+
+
+def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+
+    class Regressor(Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    for shown in (True, False):
+        trainer = Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            log_every_n_steps=1,
+            enable_progress_bar=shown,
+            enable_checkpointing=False,
+            default_root_dir=tmp_path / str(shown),
+        )
+        trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=2))
+        printed = capsys.readouterr().out
+        assert ("step 4/4" in printed) is shown
+        assert (tmp_path / str(shown) / "lightning_logs" / "version_0" / "metrics.csv").is_file()  # logging goes on

@@ -258,3 +258,25 @@ def test_no_step_that_logs_nothing_waits_for_the_device(tmp_path, precision):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert trainer.global_step == 16 and guard.guarded == 12
+
+
+class _Normalized(Classifier):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.classes: set[str] = set()
+
+    def training_step(self, batch, batch_idx):
+        self.classes.add(type(self.norm).__name__)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(self.norm(x)), y)
+
+
+def test_sync_batchnorm_converts_during_fit_and_gives_the_users_layers_back(tmp_path):
+    # On one rank SyncBatchNorm computes what BatchNorm does: the weights match a run without it.
+    _, model = _fit(tmp_path / "synced", module=_Normalized, strategy="ddp", sync_batchnorm=True, logger=False)
+    _, plain = _fit(tmp_path / "plain", module=_Normalized, strategy="ddp", logger=False)
+    assert model.classes == {"SyncBatchNorm"} and plain.classes == {"BatchNorm1d"}
+    assert type(model.norm) is torch.nn.BatchNorm1d  # the user's own layer, holding the trained statistics
+    for name, tensor in plain.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)

@@ -77,6 +77,7 @@ def _run(framework, root, arguments, val_loaders, test):
         (dict(log_every_n_steps=3, val_check_interval=0.5), 1, True),
         (dict(log_every_n_steps=2), 2, False),
         (dict(log_every_n_steps=50, max_steps=7, max_epochs=-1), 1, False),
+        (dict(log_every_n_steps=2, enable_autolog_hparams=False), 1, False),  # no hparams.yaml
     ],
     ids=str,
 )
@@ -88,8 +89,9 @@ def test_metrics_csv_hparams_yaml_and_checkpoint_names_match_lightnings(tmp_path
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         theirs = _run(pl, tmp_path / "lightning", arguments, val_loaders, test)
     ours = _run(gpulayer, tmp_path / "gpulayer", arguments, val_loaders, test)
-    assert ours[0].keys() == theirs[0].keys() == {"hparams.yaml", "metrics.csv"}
-    assert ours[0]["hparams.yaml"] == theirs[0]["hparams.yaml"]
+    autolog = arguments.get("enable_autolog_hparams", True)
+    assert ours[0].keys() == theirs[0].keys() == ({"hparams.yaml", "metrics.csv"} if autolog else {"metrics.csv"})
+    assert ours[0].get("hparams.yaml") == theirs[0].get("hparams.yaml")
     assert ours[0]["metrics.csv"].decode().splitlines() == theirs[0]["metrics.csv"].decode().splitlines()
     assert ours[1] == theirs[1]
 
@@ -111,3 +113,48 @@ def test_versions_count_up_like_lightnings(tmp_path):
         )
         trainer.fit(_module_class(gpulayer.Module)(), train)
         assert trainer.log_dir == str(tmp_path / "lightning_logs" / expected)
+
+
+def _fit_with_loggers(framework, root, names):
+    torch.manual_seed(0)
+    train, val = _loaders(1)
+    is_ours = framework is gpulayer
+    make = gpulayer.CSVLogger if is_ours else framework.loggers.CSVLogger
+    loggers = [make(root, name=name) for name in names]
+    options = dict(accelerator="cpu", max_epochs=2, log_every_n_steps=2, logger=loggers, default_root_dir=root)
+    extra = {} if is_ours else dict(enable_progress_bar=False, enable_model_summary=False)
+    trainer = (gpulayer.Trainer if is_ours else framework.Trainer)(**options, **extra)
+    trainer.fit(_module_class(gpulayer.Module if is_ours else framework.LightningModule)(), train, val)
+    files = {
+        str(path.relative_to(root)): path.read_bytes() if path.suffix != ".ckpt" else b""
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+    return files, [logger.log_dir for logger in trainer.loggers], trainer.logger.log_dir, trainer.log_dir
+
+
+@pytest.mark.parametrize("names", [["first", "second"], ["only"]])
+def test_a_list_of_csv_loggers_writes_what_lightnings_writes(tmp_path, names):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import lightning.pytorch as pl
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        theirs = _fit_with_loggers(pl, tmp_path / "lightning", names)
+    ours = _fit_with_loggers(gpulayer, tmp_path / "gpulayer", names)
+    assert ours[0] == theirs[0]  # every file, checkpoints by name
+    relative = [
+        [path.split(str(tmp_path / framework))[1] for path in result[1]]
+        for framework, result in (("gpulayer", ours), ("lightning", theirs))
+    ]
+    assert relative[0] == relative[1] == [f"/{name}/version_0" for name in names]
+    assert ours[2] == ours[3] == ours[1][0]  # trainer.logger and log_dir are the first logger's
+
+
+def test_an_empty_list_of_loggers_is_no_logger(tmp_path):
+    train, _ = _loaders(1)
+    trainer = gpulayer.Trainer(
+        accelerator="cpu", max_epochs=1, logger=[], enable_checkpointing=False, default_root_dir=tmp_path
+    )
+    trainer.fit(_module_class(gpulayer.Module)(), train)
+    assert (trainer.loggers, trainer.logger) == ([], None) and not any(tmp_path.iterdir())

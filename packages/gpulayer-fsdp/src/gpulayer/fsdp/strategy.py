@@ -68,6 +68,14 @@ class FSDPStrategy(Strategy):
                 "ask for 2 or more devices, or use strategy='auto' for one process"
             )
 
+    def attach(self, runtime: Any, device: torch.device, precision: Any, sync_batchnorm: bool = False) -> None:
+        if sync_batchnorm:
+            raise ValueError(
+                "sync_batchnorm=True with strategy='fsdp': GPUlayer's FSDP does not convert batch norms; call "
+                "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before fit, or use strategy='ddp'"
+            )
+        super().attach(runtime, device, precision)
+
     @property
     def _sharded_module(self) -> FullyShardedModule | None:
         """The stage's module as an earlier ``setup_module`` sharded it (it stays sharded across stages), or None."""

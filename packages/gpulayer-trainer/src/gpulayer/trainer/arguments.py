@@ -56,6 +56,14 @@ class TrainerArguments:
     use_distributed_sampler: bool
     prefetch: bool
     check_finite_loss: bool
+    enable_progress_bar: bool
+    enable_model_summary: bool
+    barebones: bool
+    detect_anomaly: bool
+    overfit_batches: int | float
+    reload_dataloaders_every_n_epochs: int
+    sync_batchnorm: bool
+    enable_autolog_hparams: bool
 
 
 def parse_arguments(
@@ -90,7 +98,34 @@ def parse_arguments(
     default_root_dir: Any,
     prefetch: Any,
     check_finite_loss: Any,
+    enable_progress_bar: Any = None,
+    enable_model_summary: Any = None,
+    barebones: Any = False,
+    detect_anomaly: Any = False,
+    overfit_batches: Any = 0.0,
+    reload_dataloaders_every_n_epochs: Any = 0,
+    sync_batchnorm: Any = False,
+    enable_autolog_hparams: Any = True,
+    logger: Any = None,
+    profiler: Any = None,
+    plugins: Any = None,
+    model_registry: Any = None,
 ) -> TrainerArguments:
+    _refuse_unadopted(profiler=profiler, plugins=plugins, model_registry=model_registry)
+    barebones = _flag("barebones", barebones)
+    if barebones:
+        _check_barebones(
+            enable_checkpointing=enable_checkpointing,
+            logger=logger,
+            enable_progress_bar=enable_progress_bar,
+            log_every_n_steps=log_every_n_steps,
+            enable_model_summary=enable_model_summary,
+            num_sanity_val_steps=num_sanity_val_steps,
+            fast_dev_run=fast_dev_run,
+            detect_anomaly=detect_anomaly,
+        )
+        enable_checkpointing, enable_progress_bar, enable_model_summary = False, False, False
+        log_every_n_steps, num_sanity_val_steps = 0, 0
     accelerator = _accelerator(accelerator)
     device_indices = _devices(devices, accelerator)
     num_nodes = _int_at_least("num_nodes", num_nodes, 1)
@@ -116,6 +151,9 @@ def parse_arguments(
         limits = dict.fromkeys(limits, fast_dev_run)
         max_steps, max_epochs, num_sanity_val_steps = fast_dev_run, 1, 0
         val_check_interval, check_val_every_n_epoch = 1.0, 1
+    overfit_batches = _limit("overfit_batches", 0.0 if overfit_batches is None else overfit_batches)
+    if overfit_batches > 0:  # over fast_dev_run's, as in Lightning
+        limits["limit_train_batches"] = limits["limit_val_batches"] = overfit_batches
     clip_val = _gradient_clip_val(gradient_clip_val)
     return TrainerArguments(
         accelerator=accelerator,
@@ -147,7 +185,55 @@ def parse_arguments(
         use_distributed_sampler=_flag("use_distributed_sampler", use_distributed_sampler),
         prefetch=_flag("prefetch", prefetch),
         check_finite_loss=_flag("check_finite_loss", check_finite_loss),
+        enable_progress_bar=_flag("enable_progress_bar", True if enable_progress_bar is None else enable_progress_bar),
+        enable_model_summary=_flag(
+            "enable_model_summary", True if enable_model_summary is None else enable_model_summary
+        ),
+        barebones=barebones,
+        detect_anomaly=_flag("detect_anomaly", detect_anomaly),
+        overfit_batches=overfit_batches,
+        reload_dataloaders_every_n_epochs=_int_at_least(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, 0
+        ),
+        sync_batchnorm=_flag("sync_batchnorm", sync_batchnorm),
+        enable_autolog_hparams=_flag("enable_autolog_hparams", enable_autolog_hparams),
     )
+
+
+# Lightning 2.6 Trainer arguments GPUlayer does not adopt: each is refused by name, saying what to do instead.
+_UNADOPTED = {
+    "profiler": "GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself, or use benchmarks/",
+    "plugins": "GPUlayer takes no plugins: precision= sets the precision, and the cluster environment (torchrun, "
+    "Slurm) is detected; run your own script with gpulayer.runtime.launch() for anything else",
+    "model_registry": "GPUlayer uploads nothing; save with ModelCheckpoint and upload the file yourself",
+}
+
+
+def _refuse_unadopted(**given: Any) -> None:
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(f"{name}={value!r}: {_UNADOPTED[name]} (accepted: None)")
+
+
+def _check_barebones(**given: Any) -> None:
+    """Lightning's ``barebones=True``: an argument that turns on what barebones turns off is an error."""
+    turned_on = {
+        "enable_checkpointing": given["enable_checkpointing"],
+        "logger": given["logger"] not in (None, False),
+        "enable_progress_bar": given["enable_progress_bar"],
+        "log_every_n_steps": given["log_every_n_steps"] not in (None, 0),
+        "enable_model_summary": given["enable_model_summary"],
+        "num_sanity_val_steps": given["num_sanity_val_steps"] not in (None, 0),
+        "fast_dev_run": given["fast_dev_run"] not in (False, 0),
+        "detect_anomaly": given["detect_anomaly"],
+    }
+    for name, on in turned_on.items():
+        if on:
+            raise ValueError(
+                f"barebones=True with {name}={given[name]!r}: barebones mode turns off everything that may cost "
+                "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection); "
+                f"drop {name} or barebones"
+            )
 
 
 def _accelerator(value: Any) -> str:

@@ -199,3 +199,10 @@ def stop_together(iterator: Iterator[Any], runtime: Any) -> Iterator[Any]:
         if not runtime.all(has_batch):
             return
         yield batch
+
+
+def reload_due(args: Any, current_epoch: int, loaded_at_epoch: int) -> bool:
+    """``reload_dataloaders_every_n_epochs=n``: request a loader again once ``n`` epochs have completed since it was
+    last requested (Lightning's ``_should_reload_train_dl`` and ``_should_reload_val_dl``)."""
+    every = args.reload_dataloaders_every_n_epochs
+    return bool(every) and current_epoch - loaded_at_epoch >= every

@@ -70,6 +70,15 @@ class DDPStrategy(Strategy):
         self.timeout: timedelta | None = timeout
         self.ddp_kwargs = ddp_kwargs
         self._wrapped: DistributedDataParallel | None = None  # while fit trains on several ranks
+        self._batchnorms: dict[str, nn.Module] = {}  # the batch norms sync_batchnorm replaced, by name
+
+    def attach(self, runtime: Any, device: torch.device, precision: Any, sync_batchnorm: bool = False) -> None:
+        if sync_batchnorm and device.type != "cuda":
+            raise ValueError(
+                f"sync_batchnorm=True with DDP on {device.type}: torch's DDP runs SyncBatchNorm on GPUs only (Lightning "
+                "fails the same way when it wraps the model); use accelerator='gpu' or sync_batchnorm=False"
+            )
+        super().attach(runtime, device, precision, sync_batchnorm)
 
     def ddp_options(self) -> dict[str, Any]:
         return {
@@ -88,7 +97,10 @@ class DDPStrategy(Strategy):
         return "DDP's gradient all-reduce" if self._wrapped is not None else None
 
     def setup_training(self) -> None:
-        """Wrap the module before ``configure_optimizers``, as Lightning does (on one rank there is nothing to do)."""
+        """Wrap the module before ``configure_optimizers``, as Lightning does (on one rank there is nothing to do);
+        under ``sync_batchnorm`` its batch norms become ``SyncBatchNorm`` first."""
+        if self.sync_batchnorm:
+            self._batchnorms = _to_sync_batchnorm(self.lightning_module)
         if self.world_size > 1:
             device = self.root_device
             self._wrapped = DistributedDataParallel(
@@ -107,6 +119,8 @@ class DDPStrategy(Strategy):
 
     def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
         self._wrapped = None  # its gradient buckets are freed once the stage ends
+        _restore_batchnorms(self.lightning_module, self._batchnorms)
+        self._batchnorms = {}
         super().teardown(optimizers)
 
     def __repr__(self) -> str:
@@ -114,3 +128,25 @@ class DDPStrategy(Strategy):
             {"timeout": self.timeout} if self.timeout else {}
         )
         return f"DDPStrategy({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+
+
+def _to_sync_batchnorm(module: nn.Module) -> dict[str, nn.Module]:
+    """Replace ``module``'s batch norms with ``SyncBatchNorm`` in place (sharing their parameters and running
+    statistics); returns the replaced modules by name."""
+    before = dict(module.named_modules())
+    nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return {
+        name: before[name]
+        for name, converted in module.named_modules()
+        if isinstance(converted, nn.SyncBatchNorm) and before.get(name) is not converted
+    }
+
+
+def _restore_batchnorms(module: nn.Module | None, originals: dict[str, nn.Module]) -> None:
+    """Put the batch norms ``_to_sync_batchnorm`` replaced back, in the mode their replacements ended in
+    (Lightning reverts them after fit too); they hold the trained values, which the two shared."""
+    for name, original in originals.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        original.train(getattr(parent, child).training)
+        setattr(parent, child, original)

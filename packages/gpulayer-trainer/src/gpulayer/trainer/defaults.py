@@ -27,18 +27,24 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
     return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
 
 
-def default_logger(logger: Any, args: Any) -> CSVLogger | None:
+def default_loggers(logger: Any, args: Any) -> list[CSVLogger]:
     """``True``/``None``: a ``CSVLogger`` in ``default_root_dir`` (Lightning's default without TensorBoard);
-    ``False``: none. ``fast_dev_run`` writes no files, as Lightning's ``DummyLogger``."""
+    ``False`` or ``[]``: none; a ``CSVLogger`` or a list of them: those. ``fast_dev_run`` writes no files, as
+    Lightning's ``DummyLogger``."""
     if logger is None or logger is True:
-        chosen = CSVLogger(args.default_root_dir)
+        chosen = [CSVLogger(args.default_root_dir)]
     elif logger is False:
-        chosen = None
+        chosen = []
     elif isinstance(logger, CSVLogger):
-        chosen = logger
+        chosen = [logger]
+    elif isinstance(logger, (list, tuple)) and all(isinstance(one, CSVLogger) for one in logger):
+        chosen = list(logger)
     else:
-        raise TypeError(f"logger={logger!r}: accepted values are True, False, None or a gpulayer.trainer.CSVLogger")
-    return None if args.fast_dev_run else chosen
+        raise TypeError(
+            f"logger={logger!r}: accepted values are True, False, None, a gpulayer.trainer.CSVLogger or a list of "
+            "them (GPUlayer writes CSV only; gpulayer plot draws the curves)"
+        )
+    return [] if args.fast_dev_run else chosen
 
 
 def callback_list(callbacks: Any) -> list[Callback]:

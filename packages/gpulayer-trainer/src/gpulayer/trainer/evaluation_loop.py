@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,14 +20,16 @@ from gpulayer.trainer.data import (
     batches,
     has_length,
     num_batches,
+    reload_due,
     stop_together,
 )
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.results import ResultCollection
-from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
+from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler, without_shuffling
 
 if TYPE_CHECKING:
+    from gpulayer.trainer.arguments import TrainerArguments
     from gpulayer.trainer.hooks import Hooks
     from gpulayer.trainer.logger_rows import LoggerRows
     from gpulayer.trainer.metric_hub import MetricHub
@@ -59,6 +62,7 @@ class EvaluationLoop:
         self.loaders: list[Any] | None = None
         self.max_batches: list[int | float] = []
         self.logged_batches: list[int] = []
+        self.loaded_at: float = -math.inf
 
     @property
     def limit(self) -> int | float:
@@ -66,6 +70,7 @@ class EvaluationLoop:
 
     def attach(self, source: DataSource) -> None:
         self.source, self.loaders, self.max_batches = source, None, []
+        self.loaded_at: float = -math.inf  # the epoch the loaders were last requested in, during fit
 
     def is_enabled(self) -> bool:
         """A source of loaders, an overridden step, and a non-zero limit (Lightning's ``enable_validation``)."""
@@ -78,21 +83,34 @@ class EvaluationLoop:
         )
 
     def setup_data(self) -> None:
-        if self.loaders is not None or not self.is_enabled():
+        """Request the loaders once per entry point; during ``fit``, again when ``reload_dataloaders_every_n_epochs``
+        says so."""
+        if not self.is_enabled():
             return
-        trainer = self.trainer
+        trainer, args = self.trainer, self.trainer.args
+        fitting = trainer.state_fn == "fit"
+        if self.loaders is not None and not (fitting and reload_due(args, trainer.current_epoch, self.loaded_at)):
+            return
+        # A sanity check in an epoch that does not validate leaves the next validation to load again (Lightning).
+        if fitting and (not trainer.sanity_checking or validates_in_epoch(args, trainer.current_epoch)):
+            self.loaded_at = trainer.current_epoch
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
-        if trainer.args.use_distributed_sampler:
+        overfitting = args.overfit_batches > 0
+        if overfitting and fitting:
+            loaders = [without_shuffling(loader, self.prefix) for loader in loaders]
+        if args.use_distributed_sampler:
             loaders = [
-                with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank)
+                with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank, overfitting)
                 for loader in loaders
             ]
+        counted_before = self.logged_batches if self.loaders is not None else []
         self.loaders = loaders
         counts = [num_batches(loader, self.limit, self.prefix) for loader in loaders]
         # Predict runs no collective, so each rank predicts all of its shard; val and test merge metrics across
         # ranks at the same points, so they run the same number of batches on every rank.
         self.max_batches = counts if self.stage == "predict" else agreed_batches(trainer.runtime, counts, self.prefix)
-        self.logged_batches = [0] * len(self.loaders)  # the step of eval step rows, per loader, across runs
+        # The step of eval step rows, per loader, across runs (and across reloads of as many loaders).
+        self.logged_batches = counted_before if len(counted_before) == len(loaders) else [0] * len(loaders)
 
     def run(self) -> list[dict[str, torch.Tensor]] | list[Any] | None:
         """Validation and test return one dict of logged epoch metrics per loader; predict its outputs."""
@@ -199,6 +217,12 @@ class EvaluationLoop:
         else:
             for submodule, training in modes.items():
                 submodule.training = training
+
+
+def validates_in_epoch(args: TrainerArguments, epoch: int) -> bool:
+    """``check_val_every_n_epoch``: whether the epoch numbered ``epoch`` (from 0) validates."""
+    every = args.check_val_every_n_epoch
+    return every is None or (epoch + 1) % every == 0
 
 
 def takes_batch_idx(step: Any) -> bool:

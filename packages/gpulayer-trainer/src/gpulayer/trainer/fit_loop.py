@@ -27,14 +27,16 @@ from gpulayer.trainer.data import (
     data_rng_state,
     has_length,
     num_batches,
+    reload_due,
     set_data_rng_state,
     stop_together,
 )
+from gpulayer.trainer.evaluation_loop import validates_in_epoch
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
 from gpulayer.trainer.results import ResultCollection
-from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler
+from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler, without_shuffling
 from gpulayer.trainer.sync_decisions import SyncDecisions
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ class FitLoop:
         self.max_batches: int | float = 0
         self.val_check_batch: int | float | None = None
         self.last_val_time = 0.0
+        self.loaded_at_epoch = 0  # the epoch the loader was last requested in (reload_dataloaders_every_n_epochs)
         self.min_epochs = 0
         self.max_epochs = -1
         self.step_limit: int | float = math.inf  # max_steps, with -1 as infinity
@@ -137,14 +140,18 @@ class FitLoop:
         return f"step {self.global_step} (epoch {self.epochs_completed}, batch_idx {self.batch_idx})"
 
     # ---- data --------------------------------------------------------------------------------------------------
-    def setup_data(self) -> None:
-        """Request the train loader once; create epoch 0's iterator at once, as Lightning does."""
+    def setup_data(self, reload: bool = False) -> None:
+        """Request the train loader once (again when ``reload``); create epoch 0's iterator at once, as Lightning
+        does."""
         args, trainer = self.args, self.trainer
-        if self.loader is not None or args.limit_train_batches == 0:
+        if (self.loader is not None and not reload) or args.limit_train_batches == 0:
             return
         (loader,) = as_loader_list(self.source.request(self.hooks, trainer.global_rank), "train")
+        overfitting = args.overfit_batches > 0
+        if overfitting:
+            loader = without_shuffling(loader, "train")
         if args.use_distributed_sampler:
-            loader = with_distributed_sampler(loader, "train", trainer.world_size, trainer.global_rank)
+            loader = with_distributed_sampler(loader, "train", trainer.world_size, trainer.global_rank, overfitting)
         self.loader = loader
         count = num_batches(loader, args.limit_train_batches, "train")
         (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
@@ -152,10 +159,12 @@ class FitLoop:
             self.iterator = self._new_iterator()
         if self.max_batches == 0:
             return
+        self.loaded_at_epoch = self.epochs_completed
         interval = args.val_check_interval
         if isinstance(interval, timedelta):
             self.val_check_batch = None
-            self.last_val_time = time.monotonic()
+            if not reload:  # the clock runs on across a reload
+                self.last_val_time = time.monotonic()
         elif isinstance(interval, int):
             self.val_check_batch = interval
             if interval > self.max_batches and args.check_val_every_n_epoch is not None and args.limit_val_batches != 0:
@@ -221,6 +230,8 @@ class FitLoop:
         self.hub.activate(self.results)
         resume, self.resume = self.resume, None
         if resume is None:
+            if reload_due(self.args, self.epochs_completed, self.loaded_at_epoch):
+                self.setup_data(reload=True)
             hooks.both("on_train_epoch_start")
             iterator = self.iterator if self.iterator is not None else self._new_iterator()
             self.iterator = None
@@ -411,8 +422,7 @@ class FitLoop:
         return not accumulation_done and not self.epoch_batches_reached()
 
     def should_validate_this_epoch(self) -> bool:
-        every = self.args.check_val_every_n_epoch
-        return self.val_enabled and (every is None or (self.epochs_completed + 1) % every == 0)
+        return self.val_enabled and validates_in_epoch(self.args, self.epochs_completed)
 
     def should_validate_now(self) -> bool:
         if not self.should_validate_this_epoch():

@@ -1,4 +1,5 @@
-"""The one progress display: every ``log_every_n_steps`` optimizer steps, rank 0 prints one line.
+"""The one progress display: every ``log_every_n_steps`` optimizer steps, rank 0 prints one line (none with
+``enable_progress_bar=False``, Lightning's switch for its progress bar).
 
 It is the only place a training step reads values back from the device, and only on the steps it prints.
 """
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 class LogLine:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
+        self.shown = trainer.is_global_zero and trainer.args.enable_progress_bar
         self._since: float | None = None
         self._batches = 0
         self._start_step = 0
@@ -34,7 +36,7 @@ class LogLine:
     def print(self, batch: Any, loss: torch.Tensor | None) -> None:
         """On a log step (the fit loop decides which): rank 0 prints the line, with this step's ``loss``."""
         self.count()
-        if self.trainer.is_global_zero:
+        if self.shown:
             print(self._line(batch, loss), flush=True)
 
     def _line(self, batch: Any, loss: torch.Tensor | None) -> str:

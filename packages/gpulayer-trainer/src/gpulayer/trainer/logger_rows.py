@@ -26,8 +26,7 @@ class LoggerRows:
         """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of
         batches that stepped (plus ``step_offset``)."""
         trainer = self.trainer
-        logger = trainer.logger
-        if logger is None or not metrics or not trainer.is_global_zero:
+        if not trainer.loggers or not metrics or not trainer.is_global_zero:
             return
         scalars = {name: value.item() if isinstance(value, torch.Tensor) else value for name, value in metrics.items()}
         if step is None:
@@ -37,15 +36,16 @@ class LoggerRows:
             else:
                 scalars.setdefault("epoch", trainer.current_epoch)
                 step = trainer.fit_loop.batches_that_stepped + step_offset
-        logger.log_metrics(scalars, step=step)
-        if save:
-            logger.save()
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+            if save:
+                logger.save()
 
     def hyperparameters(self) -> None:
-        """The module's (and DataModule's) ``save_hyperparameters`` values, at the start of every run."""
+        """The module's (and DataModule's) ``save_hyperparameters`` values, at the start of every run (unless
+        ``enable_autolog_hparams=False``)."""
         trainer = self.trainer
-        logger = trainer.logger
-        if logger is None or not trainer.is_global_zero:
+        if not trainer.loggers or not trainer.is_global_zero or not trainer.args.enable_autolog_hparams:
             return
         module, datamodule = trainer.lightning_module, trainer.datamodule
         logged: dict[str, Any] | None = None
@@ -63,10 +63,12 @@ class LoggerRows:
                     "rename one of them"
                 )
             logged = {**(logged or {}), **datamodule.hparams_initial}
-        if logged is not None:
-            logger.log_hyperparams(logged)
-        logger.save()
+        for logger in trainer.loggers:
+            if logged is not None:
+                logger.log_hyperparams(logged)
+            logger.save()
 
     def finalize(self, status: str) -> None:
-        if self.trainer.logger is not None and self.trainer.is_global_zero:
-            self.trainer.logger.finalize(status)
+        if self.trainer.is_global_zero:
+            for logger in self.trainer.loggers:
+                logger.finalize(status)

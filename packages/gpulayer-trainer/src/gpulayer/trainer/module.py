@@ -116,6 +116,13 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
                 stacklevel=2,
             )
             return
+        if trainer.args.barebones:
+            warnings.warn(
+                f"self.log({name!r}, ...) records nothing under Trainer(barebones=True), which turns logging off",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
         hub = trainer._metric_hub
         results = hub.results
         if results is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,15 +27,15 @@ from torch.utils.data import (
 )
 
 
-def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int) -> Any:
+def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int, overfitting: bool = False) -> Any:
     """``loader`` remade with this rank's sampler; unchanged when it needs none (one process, an iterable dataset,
-    a DistributedSampler already, or not a DataLoader)."""
+    a DistributedSampler already, or not a DataLoader). Under ``overfit_batches`` nothing shuffles."""
     if world_size == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     if isinstance(loader.sampler, DistributedSampler):
         return loader
     seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-    shuffle = stage == "train" or isinstance(loader.sampler, RandomSampler)
+    shuffle = (stage == "train" or isinstance(loader.sampler, RandomSampler)) and not overfitting
     if stage == "predict":
         sampler: Sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=False, seed=seed, pad=False)
     elif isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
@@ -42,6 +43,23 @@ def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int
     else:
         sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=shuffle, seed=seed, pad=True)
     return _rebuilt(loader, sampler, stage)
+
+
+def without_shuffling(loader: Any, stage: str) -> Any:
+    """``overfit_batches``: a DataLoader that does not read its dataset in order is remade with a
+    ``SequentialSampler``, so every epoch sees the same batches (Lightning's ``_resolve_overfit_batches``)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if isinstance(loader.sampler, SequentialSampler):
+        return loader
+    warnings.warn(
+        f"overfit_batches: the {stage} loader shuffles; it is remade with a SequentialSampler so that every epoch "
+        "trains on the same batches",
+        UserWarning,
+        stacklevel=4,
+    )
+    advice = "give overfit_batches a loader that reads its dataset in order"
+    return _rebuilt(loader, SequentialSampler(loader.dataset), stage, "a SequentialSampler", advice)
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
@@ -93,7 +111,19 @@ class ShardedSampler(Sampler[int]):
         return len(range(self.rank, length, self.world_size))
 
 
-def _rebuilt(loader: DataLoader, sampler: Sampler, stage: str) -> DataLoader:
+_DISTRIBUTED_ADVICE = (
+    "pass use_distributed_sampler=False to the Trainer and give each rank its own shard (for example "
+    "sampler=DistributedSampler(dataset))"
+)
+
+
+def _rebuilt(
+    loader: DataLoader,
+    sampler: Sampler,
+    stage: str,
+    what_sampler: str = "a distributed sampler",
+    advice: str = _DISTRIBUTED_ADVICE,
+) -> DataLoader:
     """A plain DataLoader with ``loader``'s settings and ``sampler``; subclasses and custom batch samplers cannot be
     remade faithfully, so they get a clear error instead."""
     custom_batches = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
@@ -101,11 +131,7 @@ def _rebuilt(loader: DataLoader, sampler: Sampler, stage: str) -> DataLoader:
         what = (
             f"{type(loader).__name__}" if type(loader) is not DataLoader else "a DataLoader with a custom batch_sampler"
         )
-        raise ValueError(
-            f"the {stage} loader ({what}) cannot be remade with a distributed sampler; pass "
-            "use_distributed_sampler=False to the Trainer and give each rank its own shard (for example "
-            "sampler=DistributedSampler(dataset))"
-        )
+        raise ValueError(f"the {stage} loader ({what}) cannot be remade with {what_sampler}; {advice}")
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,

@@ -122,10 +122,10 @@ def _set_up(
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
     _prepare_data(trainer, module, datamodule, hooks)
-    if trainer.logger is not None:
-        trainer.logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder
+    for logger in trainer.loggers:
+        logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder
         if trainer.is_global_zero:
-            trainer.logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
+            logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
     if datamodule is not None:
         datamodule.setup(stage)
     hooks.callbacks("setup", stage)
@@ -194,7 +194,8 @@ def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, A
     if strategy.root_device.type == "cuda" and trainer.args.benchmark is None:
         # Counting the planned steps requests the train loader, which Lightning does here, after the sanity check.
         process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, strategy.root_device)
-    loop.run()
+    with torch.autograd.set_detect_anomaly(trainer.args.detect_anomaly):  # Lightning sets it either way
+        loop.run()
 
 
 def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callback]:

@@ -51,14 +51,19 @@ class Strategy:
         self.precision_plugin: Precision | None = None
         self.root_device = torch.device("cpu")  # the device this process trains on (set by ``attach``)
         self.lightning_module: nn.Module | None = None
+        self.sync_batchnorm = False
 
     # ---- given by the Trainer ------------------------------------------------------------------------------------
     def check_world_size(self, world_size: int) -> None:
         """Refuse, at construction, a number of processes this strategy cannot train on."""
 
-    def attach(self, runtime: Runtime, device: torch.device, precision: Precision) -> None:
-        """The process group, device and precision of the Trainer this strategy serves."""
+    def attach(
+        self, runtime: Runtime, device: torch.device, precision: Precision, sync_batchnorm: bool = False
+    ) -> None:
+        """The process group, device and precision of the Trainer this strategy serves; ``sync_batchnorm`` is the
+        Trainer's (only DDP acts on it, as in Lightning)."""
         self.runtime, self.root_device, self.precision_plugin = runtime, device, precision
+        self.sync_batchnorm = sync_batchnorm
 
     def connect(self, module: nn.Module) -> None:
         """The module of the stage about to run (Lightning's ``Strategy.connect``)."""

@@ -19,7 +19,7 @@ from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.defaults import callback_list, default_callbacks, default_logger
+from gpulayer.trainer.defaults import callback_list, default_callbacks, default_loggers
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.hooks import Hooks
@@ -69,7 +69,18 @@ class Trainer:
         inference_mode: bool = True,
         use_distributed_sampler: bool = True,
         default_root_dir: str | None = None,
-        logger: bool | CSVLogger | None = None,
+        logger: bool | CSVLogger | list[CSVLogger] | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
+        barebones: bool = False,
+        detect_anomaly: bool = False,
+        overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
+        sync_batchnorm: bool = False,
+        enable_autolog_hparams: bool = True,
+        profiler: None = None,
+        plugins: None = None,
+        model_registry: None = None,
         prefetch: bool = False,
         check_finite_loss: bool = True,
     ) -> None:
@@ -104,16 +115,28 @@ class Trainer:
             default_root_dir=default_root_dir,
             prefetch=prefetch,
             check_finite_loss=check_finite_loss,
+            enable_progress_bar=enable_progress_bar,
+            enable_model_summary=enable_model_summary,
+            barebones=barebones,
+            detect_anomaly=detect_anomaly,
+            overfit_batches=overfit_batches,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+            sync_batchnorm=sync_batchnorm,
+            enable_autolog_hparams=enable_autolog_hparams,
+            logger=logger,
+            profiler=profiler,
+            plugins=plugins,
+            model_registry=model_registry,
         )
         self._user_callbacks = callback_list(callbacks)
-        self.logger = default_logger(logger, self.args)
+        self.loggers: list[CSVLogger] = default_loggers(False if self.args.barebones else logger, self.args)
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
         # `gpulayer launch` here and never returns (see world.py).
         placement, self.strategy = find_placement(self.args)
         # The process group, and the collectives that make decisions that end or skip work the same on every rank.
         self.runtime = Runtime(placement, timeout=self.strategy.timeout)
         device = device_of(self.args, placement)
-        self.strategy.attach(self.runtime, device, Precision(self.args.precision, device))
+        self.strategy.attach(self.runtime, device, Precision(self.args.precision, device), self.args.sync_batchnorm)
         process_settings.apply(self.args)
         self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
@@ -346,13 +369,23 @@ class Trainer:
     predicting = property(lambda self: self.state_fn == "predict")
 
     @property
-    def loggers(self) -> list[CSVLogger]:
-        return [self.logger] if self.logger is not None else []
+    def logger(self) -> CSVLogger | None:
+        """The first of ``loggers``, or None (Lightning's)."""
+        return self.loggers[0] if self.loggers else None
+
+    @logger.setter
+    def logger(self, logger: CSVLogger | None) -> None:
+        self.loggers = [] if logger is None else [logger]
 
     @property
     def log_dir(self) -> str:
-        """The logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
-        return self.logger.log_dir if self.logger is not None else self.args.default_root_dir
+        """The first logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
+        return self.loggers[0].log_dir if self.loggers else self.args.default_root_dir
+
+    barebones = property(lambda self: self.args.barebones)
+    overfit_batches = property(lambda self: self.args.overfit_batches)
+    reload_dataloaders_every_n_epochs = property(lambda self: self.args.reload_dataloaders_every_n_epochs)
+    enable_autolog_hparams = property(lambda self: self.args.enable_autolog_hparams)
 
 
 def _check_module(model: Any, stage: str) -> Module:

@@ -191,7 +191,9 @@ class Scenario:
     # (no validation_step; on_validation_model_train not overridden).
     module: dict[str, Callable[..., Any] | None] = field(default_factory=dict)
     callback: dict[str, Callable[..., Any]] = field(default_factory=dict)  # bodies run after recording the call
-    data_source: str = "module"  # "module" hooks, a "datamodule", or loaders passed as "arguments"
+    # "module" hooks, a "datamodule", the data module passed positionally ("datamodule_positional": fit(model, dm),
+    # test(model, dm)) or as "datamodule_as_dataloaders" (test(model, dataloaders=dm)), or loaders as "arguments".
+    data_source: str = "module"
     estimate_stepping_batches: bool = False  # read trainer.estimated_stepping_batches in configure_optimizers
     documented_warning: bool = False  # Lightning documents a warning here: GPUlayer may warn too
     expect_error: bool = False  # an entry point raises: record up to there (and on_exception), stop the stages
@@ -539,7 +541,7 @@ def run_scenario(framework: Framework, scenario: Scenario, root: Path) -> Result
         module = build_module_class(framework, scenario)(recorder, loaders)
         callback = build_callback_class(framework, scenario)(recorder)
         datamodule = None
-        if scenario.data_source == "datamodule":
+        if scenario.data_source.startswith("datamodule"):
             datamodule = build_datamodule_class(framework, scenario)(recorder, loaders)
         arguments = {
             **framework.trainer_defaults,
@@ -579,6 +581,12 @@ def _run_stage(
     trainer: Any, module: Any, datamodule: Any, loaders: _Loaders, stage: str, arguments: dict[str, Any] | None = None
 ) -> Any:
     """Call the Trainer entry point for ``stage`` with the scenario's data source (and ``arguments``)."""
+    source = loaders.scenario.data_source
+    if source == "datamodule_positional":
+        return getattr(trainer, stage)(module, datamodule, **(arguments or {}))
+    if source == "datamodule_as_dataloaders":
+        keyword = "train_dataloaders" if stage == "fit" else "dataloaders"
+        return getattr(trainer, stage)(module, **{keyword: datamodule}, **(arguments or {}))
     if datamodule is not None:
         data: dict[str, Any] = {"datamodule": datamodule}
     elif loaders.scenario.data_source == "arguments":

@@ -16,6 +16,13 @@ def test_evaluation_entry_points_with_a_datamodule_alone(differential, stage):
     differential(data_source="datamodule", stages=(stage,))
 
 
+@pytest.mark.parametrize("passed", ["datamodule_positional", "datamodule_as_dataloaders"])
+def test_a_datamodule_passed_where_loaders_go_is_the_datamodule(differential, passed):
+    """``fit(model, dm)``, ``test(model, dm)`` and ``test(model, dataloaders=dm)``: Lightning takes a DataModule in
+    the loaders' place, in every entry point."""
+    differential(data_source=passed, stages=("fit", "validate", "test", "predict"))
+
+
 def test_datamodule_without_validation(differential):
     differential(data_source="datamodule", val_sizes=())
 

@@ -16,6 +16,7 @@ from gpulayer.trainer.arguments import parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
+from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
@@ -232,7 +233,7 @@ class Trainer:
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
         self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
-        module, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
+        module, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
         self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
         predictions = run_stage(self, "predict", module, datamodule)
         return predictions if return_predictions is not False else None
@@ -246,7 +247,7 @@ class Trainer:
         verbose: bool,
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
-        module, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
+        module, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
         loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
         results = run_stage(self, stage, module, datamodule)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
@@ -256,7 +257,9 @@ class Trainer:
 
     def _eval_inputs(
         self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None
-    ) -> tuple[Module, DataModule | None]:
+    ) -> tuple[Module, Any, DataModule | None]:
+        """The module, loaders and DataModule of an evaluation entry point: a DataModule passed as ``dataloaders``
+        (positionally too) is the DataModule, as in Lightning."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
         _check_sources(datamodule, dataloaders)
@@ -264,7 +267,7 @@ class Trainer:
             if self.lightning_module is None:
                 raise ValueError(f"{stage}: pass a model; this Trainer has not been given one before")
             model = self.lightning_module
-        return _check_module(model, stage), datamodule
+        return _check_module(model, stage), dataloaders, datamodule
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
@@ -389,6 +392,7 @@ class Trainer:
 
 
 def _check_module(model: Any, stage: str) -> Module:
+    model = uncompiled(model)
     if not isinstance(model, Module):
         raise TypeError(f"{stage}: model must be a gpulayer.trainer.Module, got {type(model).__name__}")
     return model

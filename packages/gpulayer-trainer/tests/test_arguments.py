@@ -52,7 +52,8 @@ BAD = [
     ({"use_distributed_sampler": "no"}, TypeError, "use_distributed_sampler='no'"),
     ({"prefetch": 1}, TypeError, "prefetch=1"),
     ({"default_root_dir": 3}, TypeError, "default_root_dir=3"),
-    ({"callbacks": ["not a callback"]}, TypeError, "callbacks="),
+    ({"callbacks": ["not a callback"]}, TypeError, "callbacks[0] is 'not a callback'"),
+    ({"callbacks": "a string"}, TypeError, "callbacks='a string'"),
     ({"logger": ["not a logger"]}, TypeError, "logger=['not a logger']"),
     ({"enable_progress_bar": 0}, TypeError, "enable_progress_bar=0"),
     ({"enable_model_summary": "no"}, TypeError, "enable_model_summary='no'"),
@@ -219,3 +220,26 @@ def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):
         printed = capsys.readouterr().out
         assert ("step 4/4" in printed) is shown
         assert (tmp_path / str(shown) / "lightning_logs" / "version_0" / "metrics.csv").is_file()  # logging goes on
+
+
+@pytest.mark.parametrize(
+    ("made", "named"),
+    [
+        (
+            lambda cb: cb.TQDMProgressBar(),
+            "callbacks[1] is Lightning's TQDMProgressBar .*: GPUlayer prints one log line",
+        ),
+        (lambda cb: cb.ModelSummary(), "callbacks[1] is Lightning's ModelSummary .*: GPUlayer prints no model summary"),
+        (
+            lambda cb: cb.EarlyStopping(monitor="x"),
+            "callbacks[1] is Lightning's EarlyStopping .* from gpulayer.callbacks",
+        ),
+    ],
+    ids=["progress bar", "model summary", "another callback"],
+)
+def test_a_lightning_callback_is_named_alone_with_what_to_do_instead(tmp_path, made, named):
+    callbacks = pytest.importorskip("lightning.pytorch.callbacks")
+    with pytest.raises(TypeError, match=named.replace("[", "\\[").replace("]", "\\]")) as raised:
+        Trainer(accelerator="cpu", callbacks=[Callback(), made(callbacks)], default_root_dir=tmp_path)
+    assert "Callback object at" not in str(raised.value)  # only the entry at fault is shown
+    assert not any(tmp_path.iterdir())

@@ -51,7 +51,35 @@ def callback_list(callbacks: Any) -> list[Callback]:
     if callbacks is None:
         return []
     many = [callbacks] if isinstance(callbacks, Callback) else callbacks
-    many = list(many) if isinstance(many, Iterable) else None
-    if many is None or not all(isinstance(c, Callback) for c in many):
+    many = list(many) if isinstance(many, Iterable) and not isinstance(many, (str, bytes)) else None
+    if many is None:
         raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
+    for index, callback in enumerate(many):
+        if not isinstance(callback, Callback):
+            raise TypeError(f"callbacks[{index}] is {_described(callback)}")
     return many
+
+
+# Lightning's display callbacks, and what GPUlayer does in their place.
+_DISPLAY_CALLBACKS = {
+    "ProgressBar": "GPUlayer prints one log line every log_every_n_steps steps (enable_progress_bar=False turns it "
+    "off); remove the callback",
+    "ModelSummary": "GPUlayer prints no model summary (print(model) shows the modules); remove the callback",
+}
+
+
+def _described(callback: Any) -> str:
+    """What a ``callbacks=`` entry that is not a GPUlayer ``Callback`` is, and what to do instead."""
+    kind = type(callback)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+        for base in kind.__mro__:
+            for family, instead in _DISPLAY_CALLBACKS.items():
+                if base.__name__ == family:
+                    return f"Lightning's {kind.__qualname__} ({name}): {instead}"
+        return (
+            f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer's EarlyStopping, "
+            "ModelCheckpoint and LearningRateMonitor come from gpulayer.callbacks, and your own callbacks subclass "
+            "gpulayer.trainer.Callback"
+        )
+    return f"{callback!r} ({name}), not a gpulayer.trainer.Callback: accepted are Callback instances"

@@ -37,7 +37,13 @@ TRAINER = [
     ("strategy deepspeed", {"strategy": "deepspeed"}, ValueError, None, "'ddp'"),
     ("logger by name", {"logger": "csv"}, TypeError, None, "a gpulayer.trainer.CSVLogger"),
     ("check_finite_loss as text", {"check_finite_loss": "no"}, TypeError, None, "True or False"),
-    ("callback class, not instance", {"callbacks": [EarlyStopping]}, TypeError, None, "a list of Callbacks"),
+    (
+        "callback class, not instance",
+        {"callbacks": [EarlyStopping]},
+        TypeError,
+        "callbacks[0] is the class gpulayer.callbacks.early_stopping.EarlyStopping",
+        "pass EarlyStopping(...)",
+    ),
     (
         "checkpoint callback with checkpointing off",
         {"enable_checkpointing": False, "callbacks": [ModelCheckpoint(dirpath="unused")]},

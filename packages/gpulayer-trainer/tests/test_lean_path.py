@@ -57,7 +57,23 @@ def host_reads(monkeypatch):
     return reads, trainer_box
 
 
-def test_a_60_step_run_reads_tensors_only_on_log_steps_and_at_epoch_ends(tmp_path, host_reads, capsys):
+class LoggingATorchMetric(LoggingRegressor):
+    """Logs a torchmetrics MeanMetric for the epoch only (its NaN check off: that check is the metric's own read)."""
+
+    def __init__(self):
+        super().__init__()
+        torchmetrics = pytest.importorskip("torchmetrics")
+        self.mean_error = torchmetrics.MeanMetric(nan_strategy="disable")
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.mean_error(loss.detach())
+        self.log("mean_error", self.mean_error, on_step=False, on_epoch=True)
+        return loss
+
+
+@pytest.mark.parametrize("module", [LoggingRegressor, LoggingATorchMetric], ids=["tensors", "a torchmetric too"])
+def test_a_60_step_run_reads_tensors_only_on_log_steps_and_at_epoch_ends(tmp_path, host_reads, capsys, module):
     reads, trainer_box = host_reads
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(240, 8, generator=generator), torch.randn(240, 1, generator=generator))
@@ -70,7 +86,7 @@ def test_a_60_step_run_reads_tensors_only_on_log_steps_and_at_epoch_ends(tmp_pat
         default_root_dir=tmp_path,
     )
     trainer_box.append(trainer)
-    trainer.fit(LoggingRegressor(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=60))
+    trainer.fit(module(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=60))
     trainer_box.clear()
 
     assert trainer.global_step == 60

@@ -70,6 +70,9 @@ _DISPLAY_CALLBACKS = {
 
 def _described(callback: Any) -> str:
     """What a ``callbacks=`` entry that is not a GPUlayer ``Callback`` is, and what to do instead."""
+    if isinstance(callback, type):
+        instead = f"pass {callback.__qualname__}(...)" if issubclass(callback, Callback) else "pass a Callback instance"
+        return f"the class {callback.__module__}.{callback.__qualname__}, not an instance: {instead}"
     kind = type(callback)
     name = f"{kind.__module__}.{kind.__qualname__}"
     if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):

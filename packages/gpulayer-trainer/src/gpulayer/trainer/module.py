@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -142,6 +143,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
             add_dataloader_idx,
             sync_dist,
             rank_zero_only,
+            metric_attribute,
             results.dataloader_idx,
         )
         try:
@@ -155,10 +157,13 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
                     f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when "
                     "add_dataloader_idx=True"
                 )
-        tensor = self._metric_tensor(name, value, enable_graph)
+        value = self._logged_value(name, value, enable_graph)  # a tensor, or a torchmetrics Metric
+        torchmetric = not isinstance(value, torch.Tensor)
         if hub.should_reset_tensors(fx):
             results.reset(fx=fx)
         if metric is None:
+            if torchmetric:
+                metric_attribute = self._attribute_of(name, value, metric_attribute)
             meta = Meta(
                 fx,
                 name,
@@ -171,11 +176,15 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
                 add_dataloader_idx,
                 results.dataloader_idx,
                 sync_dist and not rank_zero_only,
+                metric_attribute,
             )
-            metric = results.metric(meta)
+            metric = results.metric(meta, torchmetric)
             if call is not None:
                 results.by_call[call] = metric
-        results.log(metric, tensor, batch_size)
+        if torchmetric:
+            metric.update(value, 1)
+        else:
+            results.log(metric, value, batch_size)
         hub.current_fx = fx
 
     def log_dict(
@@ -193,8 +202,15 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         batch_size: int | None = None,
         rank_zero_only: bool = False,
     ) -> None:
-        """``self.log`` for every key of ``dictionary``, with the same options."""
-        for name, value in dictionary.items():
+        """``self.log`` for every key of ``dictionary`` (a ``torchmetrics.MetricCollection`` too: each of its
+        metrics under its name), with the same options."""
+        collection = _torchmetrics_class("MetricCollection")
+        if collection is not None and isinstance(dictionary, collection):
+            # Lightning's way: the names without the collection's prefix base, and no state copies for groups.
+            items = dictionary.items(keep_base=False, copy_state=not dictionary._enable_compute_groups)
+        else:
+            items = dictionary.items()
+        for name, value in items:
             self.log(
                 name,
                 value,
@@ -211,7 +227,27 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
                 rank_zero_only=rank_zero_only,
             )
 
-    def _metric_tensor(self, name: str, value: Any, enable_graph: bool) -> torch.Tensor:
+    def _attribute_of(self, name: str, metric: Any, given: str | None) -> str:
+        """Lightning's ``metric_attribute``: the name under which the logged Metric is an attribute of the module."""
+        if given is not None:
+            return given
+        metric_class = _torchmetrics_class("Metric")
+        attributes = self.__dict__.get("_metric_attributes")
+        if attributes is None:  # looked up once, as Lightning does
+            attributes = {id(m): n for n, m in self.named_modules() if isinstance(m, metric_class)}
+            self.__dict__["_metric_attributes"] = attributes
+        found = attributes.get(id(metric))
+        if found is None:
+            known = sorted(attributes.values())
+            raise ValueError(
+                f"self.log({name!r}, <{type(metric).__name__}>): the metric is not an attribute of "
+                f"{type(self).__name__}" + (f" (its metrics: {known})" if known else "") + "; set it as one in "
+                "__init__ (self.accuracy = Accuracy(...)), or pass metric_attribute= naming the attribute"
+            )
+        return found
+
+    def _logged_value(self, name: str, value: Any, enable_graph: bool) -> Any:
+        """What ``self.log`` keeps of ``value``: a float tensor on the device, or a ``torchmetrics.Metric`` itself."""
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(
@@ -233,9 +269,14 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
             return tensor
         if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
             return torch.full((), value, device=self.device, dtype=_metric_dtype())  # a fill: no copy to the GPU
+        metric_class, collection_class = _torchmetrics_class("Metric"), _torchmetrics_class("MetricCollection")
+        if metric_class is not None and isinstance(value, metric_class):
+            return value
+        if collection_class is not None and isinstance(value, collection_class):
+            raise ValueError(f"self.log({name!r}, <MetricCollection>): log a MetricCollection with self.log_dict")
         raise ValueError(
-            f"self.log({name!r}, {value!r}): accepted values are a Python number or a one-element tensor "
-            f"(got {type(value).__name__})"
+            f"self.log({name!r}, {value!r}): accepted values are a Python number, a one-element tensor or a "
+            f"torchmetrics.Metric (got {type(value).__name__})"
         )
 
     # ---- steps and configuration (override these) ----------------------------------------------------------------
@@ -394,3 +435,10 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
 def _metric_dtype() -> torch.dtype:
     dtype = torch.get_default_dtype()
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _torchmetrics_class(name: str) -> type | None:
+    """``torchmetrics.<name>`` when torchmetrics is imported (a value of its classes cannot exist otherwise, and
+    gpulayer-trainer does not depend on it)."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return getattr(torchmetrics, name, None) if torchmetrics is not None else None

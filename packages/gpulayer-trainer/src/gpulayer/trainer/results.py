@@ -2,7 +2,9 @@
 
 One ``ResultCollection`` per loop (train, validate, test) keyed by ``"<hook>.<name>[.<dataloader_idx>]"``
 as Lightning keys them. A logged value is detached and kept on its device; epoch means are weighted by batch
-size, ``sum(v_i * bs_i) / sum(bs_i)``; nothing here calls ``.item()``.
+size, ``sum(v_i * bs_i) / sum(bs_i)``; nothing here calls ``.item()``. A logged ``torchmetrics.Metric`` is kept
+as the object itself (``LoggedTorchMetric``): its step value is what its last ``metric(...)`` call returned, its
+epoch value its ``compute()``, and the loop's end-of-epoch reset resets it (Lightning 2.6's ``_ResultMetric``).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class Meta(NamedTuple):
     add_dataloader_idx: bool
     dataloader_idx: int | None
     sync_dist: bool
+    metric_attribute: str | None = None
 
     def names(self, on_step: bool) -> tuple[str, str]:
         """(plain name, forked name): ``x`` and ``x_step``/``x_epoch`` when both levels are on."""
@@ -188,6 +191,48 @@ class Metric:
         self.has_reset = True
 
 
+class LoggedTorchMetric:
+    """One key logged with a ``torchmetrics.Metric``: the Metric syncs across ranks in its own ``compute()``, so
+    ``sync_dist`` does not apply, and a read that some ranks may not make (``sync=None``) computes nothing."""
+
+    __slots__ = ("computed", "has_reset", "meta", "metric", "step_value")
+
+    def __init__(self, meta: Meta) -> None:
+        self.meta = meta
+        self.metric: Any = None
+        self.step_value: torch.Tensor | None = None
+        self.computed: torch.Tensor | None = None
+        self.has_reset = True
+
+    def update(self, metric: Any, batch_size: int) -> None:
+        self.metric, self.step_value, self.computed, self.has_reset = metric, metric._forward_cache, None, False
+
+    def step(self, sync: Sync | None) -> torch.Tensor | None:
+        return self._checked(self.step_value)
+
+    def compute(self, sync: Sync | None, distributed: bool) -> torch.Tensor | None:
+        if self.computed is None and self.metric is not None and not (distributed and sync is None):
+            self.computed = self._checked(self.metric.compute())
+        return self.computed
+
+    def _checked(self, value: Any) -> torch.Tensor | None:
+        if value is None:
+            return None
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"self.log({self.meta.name!r}, <torchmetrics.Metric>): its value must be a tensor, got "
+                f"{type(value).__name__}; log the metric's entries one by one"
+            )
+        return value if self.meta.enable_graph else value.detach()
+
+    def reset(self) -> None:
+        """The end-of-epoch reset: the user's Metric is reset too, as Lightning does."""
+        if self.metric is not None:
+            self.metric.reset()
+        self.step_value = self.computed = None
+        self.has_reset = True
+
+
 class ResultCollection(dict):
     """The metrics one loop logged. ``batch`` and ``dataloader_idx`` are the batch being processed."""
 
@@ -197,21 +242,22 @@ class ResultCollection(dict):
         self.batch: Any = None
         self.batch_size: int | None = None
         self.dataloader_idx: int | None = None
-        self.by_call: dict[tuple, Metric] = {}  # by the arguments of a self.log call (see Module.log)
+        self.by_call: dict[tuple, Metric | LoggedTorchMetric] = {}  # by a self.log call's arguments (Module.log)
 
-    def metric(self, meta: Meta) -> Metric:
-        """The Metric that ``meta`` logs to, made at its first use; another ``meta`` for the same key is an error."""
+    def metric(self, meta: Meta, torchmetric: bool = False) -> Metric | LoggedTorchMetric:
+        """The Metric that ``meta`` logs to, made at its first use; another ``meta`` for the same key is an error.
+        ``torchmetric``: the value logged is a ``torchmetrics.Metric``."""
         key = f"{meta.fx}.{meta.name}"
         if meta.add_dataloader_idx and meta.dataloader_idx is not None:
             key += f".{meta.dataloader_idx}"
         metric = self.get(key)
         if metric is None:
-            metric = self[key] = Metric(meta)
-        elif metric.meta != meta:
+            metric = self[key] = LoggedTorchMetric(meta) if torchmetric else Metric(meta)
+        elif metric.meta != meta or isinstance(metric, LoggedTorchMetric) != torchmetric:
             raise ValueError(f"self.log({meta.name!r}, ...) was called twice in {meta.fx} with different arguments")
         return metric
 
-    def log(self, metric: Metric, value: torch.Tensor, batch_size: int | None) -> None:
+    def log(self, metric: Metric | LoggedTorchMetric, value: Any, batch_size: int | None) -> None:
         meta = metric.meta
         metric.update(value, self._batch_size(meta, batch_size) if meta.on_epoch else 1)  # step values: unused
 
@@ -253,6 +299,8 @@ class ResultCollection(dict):
         return callback, logged, bar
 
     def reset(self, fx: str | None = None) -> None:
+        """Everything (the end of an epoch or evaluation), or the tensors one hook logged (a new epoch's first log;
+        Lightning leaves logged torchmetrics alone there)."""
         for metric in self.values():
-            if fx is None or metric.meta.fx == fx:
+            if fx is None or (metric.meta.fx == fx and isinstance(metric, Metric)):
                 metric.reset()

@@ -213,4 +213,4 @@ def _check_arguments(monitor: Any, min_delta: Any, patience: Any, stopping: Any,
 
 
 def _skips_check(trainer: Any) -> bool:
-    return trainer.state_fn != "fit" or trainer.sanity_checking
+    return trainer.state.fn != "fit" or trainer.sanity_checking

@@ -182,7 +182,7 @@ class ModelCheckpoint(Checkpoint):
             self._save_epoch_checkpoint(trainer)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.state_fn == "fit":
+        if trainer.state.fn == "fit":
             self._validation_has_run = not trainer.sanity_checking
         if self._should_skip_saving_checkpoint(trainer):
             return
@@ -255,7 +255,7 @@ class ModelCheckpoint(Checkpoint):
     def _should_skip_saving_checkpoint(self, trainer: Any) -> bool:
         return (
             bool(trainer.fast_dev_run)
-            or trainer.state_fn != "fit"
+            or trainer.state.fn != "fit"
             or trainer.sanity_checking
             or self._last_global_step_saved == trainer.global_step
         )

@@ -18,6 +18,7 @@ from types import TracebackType
 
 _failed = False
 _watching = False
+_collecting = False
 
 
 def mark_failed() -> None:
@@ -33,6 +34,22 @@ def close_at_clean_exit(close: Callable[[], None]) -> None:
         sys.excepthook = _marking(sys.excepthook)
         _watching = True
     atexit.register(_close_unless_failed, close)
+
+
+def collect_at_clean_exit() -> None:
+    """For a gloo group this process did not make (its maker closes it): collect the garbage of finished runs when
+    the interpreter exits cleanly, before its teardown, so that nothing still holding the group (and gloo's work
+    objects, whose tensors reference Python objects) is destroyed in that teardown. The same abort was seen with a
+    group made by hand under Slurm, in the flake hunt; torch's own attempt at an exit handler is pytorch/pytorch
+    pull request 179291."""
+    global _collecting
+    if not _collecting:
+        close_at_clean_exit(_nothing)
+        _collecting = True
+
+
+def _nothing() -> None:
+    """The close of a group this process does not own: nothing (``_close_unless_failed`` collects first)."""
 
 
 def _marking(previous: Callable[..., object]) -> Callable[..., object]:

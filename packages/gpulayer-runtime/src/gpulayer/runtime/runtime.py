@@ -109,6 +109,8 @@ class Runtime:
                     f"a process group already exists as rank {dist.get_rank()} of {dist.get_world_size()}, "
                     f"but the placement says rank {placement.global_rank} of {placement.world_size}"
                 )
+            if dist.get_backend() == "gloo":
+                clean_exit.collect_at_clean_exit()
             return
         if store is None and (placement.master_addr is None or placement.master_port is None):
             raise ValueError(f"{placement!r} names no master_addr and master_port; pass store= to join without them")

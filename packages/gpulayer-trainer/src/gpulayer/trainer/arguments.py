@@ -7,9 +7,13 @@ at once.
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -234,6 +238,26 @@ def _check_barebones(**given: Any) -> None:
                 "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection); "
                 f"drop {name} or barebones"
             )
+
+
+def defaults_from_environment(init: Callable[..., None]) -> Callable[..., None]:
+    """Lightning's ``PL_TRAINER_<ARGUMENT>`` variables: each gives the default of a ``Trainer`` argument the call
+    does not pass (``PL_TRAINER_MAX_EPOCHS=3``); the value is read as a Python literal where it is one, else as
+    text."""
+    names = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def with_environment_defaults(self: Any, **given: Any) -> None:
+        for name in names:
+            text = os.environ.get(f"PL_TRAINER_{name.upper()}")
+            if text and name not in given:
+                try:
+                    given[name] = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    given[name] = text
+        init(self, **given)
+
+    return with_environment_defaults
 
 
 def _accelerator(value: Any) -> str:

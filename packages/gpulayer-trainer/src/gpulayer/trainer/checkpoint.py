@@ -242,15 +242,7 @@ def load_module(
     if map_location is None and not torch.cuda.is_available():
         map_location = "cpu"
     checkpoint = checkpoint_io.load(checkpoint_path, weights_only=weights_only is not False, map_location=map_location)
-    arguments = dict(checkpoint.get("hyper_parameters", {}))
-    parameters = inspect.signature(cls.__init__).parameters
-    name = checkpoint.get("hparams_name")
-    if name and name in parameters:
-        arguments = {name: arguments}
-    arguments.update(overrides)
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        arguments = {key: value for key, value in arguments.items() if key in parameters}
-    model = cls(**arguments)
+    model = _rebuilt(cls, checkpoint, "", overrides)
     from gpulayer.trainer.module import Module
 
     if is_overridden("configure_model", model, Module):
@@ -261,3 +253,30 @@ def load_module(
     )
     first = next((t for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
     return model.to(first.device) if first is not None else model
+
+
+def load_datamodule(
+    cls: type, checkpoint_path: str | os.PathLike, weights_only: bool | None = None, **overrides: Any
+) -> Any:
+    """Lightning's ``LightningDataModule.load_from_checkpoint``: ``cls`` rebuilt from the DataModule's saved
+    hyperparameters (``overrides`` win), with its ``state_dict`` loaded when the checkpoint holds one."""
+    checkpoint = checkpoint_io.load(checkpoint_path, weights_only=weights_only is not False, map_location="cpu")
+    datamodule = _rebuilt(cls, checkpoint, "datamodule_", overrides)
+    if cls.__qualname__ in checkpoint:
+        datamodule.load_state_dict(checkpoint[cls.__qualname__])
+    return datamodule
+
+
+def _rebuilt(cls: type, checkpoint: dict[str, Any], prefix: str, overrides: dict[str, Any]) -> Any:
+    """``cls(...)`` with the hyperparameters saved under ``<prefix>hyper_parameters``, as ``save_hyperparameters``
+    took them (a single named argument under ``<prefix>hparams_name``), ``overrides`` winning; arguments
+    ``__init__`` does not take are dropped unless it takes ``**kwargs``."""
+    arguments = dict(checkpoint.get(f"{prefix}hyper_parameters", {}))
+    parameters = inspect.signature(cls.__init__).parameters
+    name = checkpoint.get(f"{prefix}hparams_name")
+    if name and name in parameters:
+        arguments = {name: arguments}
+    arguments.update(overrides)
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        arguments = {key: value for key, value in arguments.items() if key in parameters}
+    return cls(**arguments)

@@ -71,7 +71,7 @@ class DefaultCheckpoint(Checkpoint):
     def _save(self, trainer: Any) -> None:
         if (
             trainer.fast_dev_run
-            or trainer.state_fn != "fit"
+            or trainer.state.fn != "fit"
             or trainer.sanity_checking
             or self._last_global_step_saved == trainer.global_step
         ):

@@ -88,7 +88,7 @@ class EvaluationLoop:
         if not self.is_enabled():
             return
         trainer, args = self.trainer, self.trainer.args
-        fitting = trainer.state_fn == "fit"
+        fitting = trainer.state.fn == "fit"
         if self.loaders is not None and not (fitting and reload_due(args, trainer.current_epoch, self.loaded_at)):
             return
         # A sanity check in an epoch that does not validate leaves the next validation to load again (Lightning).

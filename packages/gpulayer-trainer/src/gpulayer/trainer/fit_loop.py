@@ -185,20 +185,27 @@ class FitLoop:
         trainer, hub = self.trainer, self.hub
         if not (self.val_loop.is_enabled() and self.args.num_sanity_val_steps > 0):
             return
+        stage = trainer.state.stage
         trainer.sanity_checking = True
         try:
             hub.reset_results()
             hub.reset_metrics()
             self.hooks.callbacks("on_sanity_check_start")
-            self.validate()
+            self._run_validation()
             self.hooks.callbacks("on_sanity_check_end")
             hub.activate(self.val_loop.results)
             hub.reset_results()
             hub.reset_metrics()
         finally:
-            trainer.sanity_checking = False
+            trainer.state.stage = stage  # Lightning restores the stage the sanity check interrupted
 
     def validate(self) -> None:
+        """Validation between training batches (``trainer.validating`` while it runs, as in Lightning)."""
+        self.trainer.validating = True
+        self._run_validation()
+        self.trainer.training = True
+
+    def _run_validation(self) -> None:
         """Validation during ``fit``: always under ``no_grad`` (Lightning's rule, whatever ``inference_mode`` says)."""
         with torch.no_grad():
             ran = self.val_loop.run()

@@ -21,7 +21,10 @@ _DEFAULT_PASS_THROUGH = frozenset({"on_before_batch_transfer", "on_after_batch_t
 
 
 def is_overridden(name: str, instance: Any, base: type) -> bool:
-    """Whether ``instance``'s class defines ``name`` differently from ``base``."""
+    """Whether ``instance``'s class defines ``name`` differently from ``base``, or the instance holds its own
+    (``DataModule.from_datasets`` sets its loader methods that way; Lightning counts those too)."""
+    if name in getattr(instance, "__dict__", ()):
+        return True
     method = getattr(type(instance), name, None)
     return method is not None and method is not getattr(base, name, None)
 

@@ -21,11 +21,16 @@ from gpulayer.trainer.results import Meta, log_levels, reduction
 class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
     """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
 
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Any = None
         self._current_fx_name: str | None = None
         self.automatic_optimization = True
+        self._example_input_array: Any = None
 
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
@@ -67,6 +72,32 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
     @property
     def local_rank(self) -> int:
         return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def logger(self) -> Any:
+        """The Trainer's first logger, or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        return self._trainer.loggers if self._trainer is not None else []
+
+    @property
+    def example_input_array(self) -> Any:
+        """A sample input, for your own tracing or export (GPUlayer prints no model summary that would use it)."""
+        return self._example_input_array
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every tensor in ``data`` (or ``data``, a number) gathered from every rank, stacked along a new first
+        dimension (``trainer.strategy.all_gather``; one process: unchanged)."""
+        strategy = self.trainer.strategy
+        if isinstance(data, numbers.Number):
+            data = torch.tensor(data, device=self.device)
+        return map_tensors(data, lambda tensor: strategy.all_gather(tensor, group, sync_grads))
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
         """The optimizer (one), or the list of them."""

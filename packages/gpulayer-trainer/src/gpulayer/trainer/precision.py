@@ -74,6 +74,10 @@ class Precision:
             return batch
         return map_tensors(batch, lambda t: t.to(self._dtype) if torch.is_floating_point(t) else t)
 
+    def module_init_context(self) -> contextlib.AbstractContextManager[None]:
+        """Where modules are made in this precision: the true-precision dtype as torch's default, else as is."""
+        return self._default_dtype() if self._dtype is not None else contextlib.nullcontext()
+
     @contextlib.contextmanager
     def _default_dtype(self) -> Iterator[None]:
         previous = torch.get_default_dtype()

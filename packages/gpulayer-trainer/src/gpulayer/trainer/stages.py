@@ -26,6 +26,7 @@ from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
 from gpulayer.trainer.preemption import sigterm_noted
+from gpulayer.trainer.states import FIRST_STAGE, TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
     from gpulayer.trainer.evaluation_loop import EvaluationLoop
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None) -> Any:
     """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``; returns the loop's result."""
     trainer.should_stop = False
-    trainer.state_fn = stage
+    state = trainer.state
+    state.fn = TrainerFn(stage)
+    state.status, state.stage = TrainerStatus.RUNNING, FIRST_STAGE[state.fn]
     trainer.lightning_module, module.trainer = module, trainer
     trainer.datamodule = datamodule
     if datamodule is not None:
@@ -60,12 +63,14 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
             with torch.inference_mode() if inference else torch.no_grad():
                 result = _evaluation_loop(trainer, stage).run()
     except BaseException as error:
+        trainer.state.status = TrainerStatus.INTERRUPTED
         trainer.fit_loop.optimization = None
         trainer._logger_rows.finalize("failed")
         hooks.on_exception(error)
         if datamodule is not None:
             datamodule.on_exception(error)
         strategy.teardown(trainer.optimizers)
+        trainer.state.stage = None
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
@@ -78,6 +83,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
         datamodule.teardown(stage)
     hooks.callbacks("teardown", stage)
     hooks.module("teardown", stage)
+    trainer.state.status, trainer.state.stage = TrainerStatus.FINISHED, None
     return result
 
 

@@ -3,8 +3,11 @@ as DDP on several."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +15,7 @@ import torch
 
 from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
-from gpulayer.trainer.arguments import parse_arguments
+from gpulayer.trainer.arguments import defaults_from_environment, parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
@@ -30,6 +33,7 @@ from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
 from gpulayer.trainer.stages import run_stage
+from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from gpulayer.trainer.strategy import Strategy
 from gpulayer.trainer.transfer import BatchTransfer
 from gpulayer.trainer.world import device_of, devices_per_node, find_placement
@@ -38,6 +42,7 @@ from gpulayer.trainer.world import device_of, devices_per_node, find_placement
 class Trainer:
     """Trains a ``Module`` with Lightning 2.6's semantics; every argument is checked here, before any work."""
 
+    @defaults_from_environment
     def __init__(
         self,
         *,
@@ -142,8 +147,7 @@ class Trainer:
         self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
         self.should_stop = False
         self.received_sigterm = False  # set by the SIGTERM handler while fit runs (see preemption.py)
-        self.sanity_checking = False
-        self.state_fn: str | None = None
+        self.state = TrainerState()
         self.lightning_module: Module | None = None
         self.datamodule: DataModule | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -192,6 +196,7 @@ class Trainer:
             raise ValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
+        self._release_loaders()
         self.fit_loop.attach(source)
         self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
         run_stage(self, "fit", module, datamodule)
@@ -234,6 +239,7 @@ class Trainer:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
         self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         module, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
+        self._release_loaders()
         self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
         predictions = run_stage(self, "predict", module, datamodule)
         return predictions if return_predictions is not False else None
@@ -248,12 +254,19 @@ class Trainer:
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
         module, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
+        self._release_loaders()
         loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
         results = run_stage(self, stage, module, datamodule)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
         if verbose and self.is_global_zero:
             _print_results(stage, floats)
         return floats
+
+    def _release_loaders(self) -> None:
+        """Every entry point starts with no loaders (Lightning's ``attach_dataloaders``): each requests its own."""
+        self.fit_loop.loader = None
+        for loop in (self.validate_loop, self.test_loop, self.predict_loop):
+            loop.loaders = None
 
     def _eval_inputs(
         self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None
@@ -279,6 +292,26 @@ class Trainer:
         checkpoint = dump_checkpoint(self, weights_only=bool(weights_only))
         if self.is_global_zero:
             save_atomic(checkpoint, filepath)
+
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Make the module inside this block on this process's device, in the true precision's dtype (Lightning's;
+        ``empty_init`` is accepted and the weights are initialized either way)."""
+        with torch.device(self.strategy.root_device), self.strategy.precision_plugin.module_init_context():
+            yield
+
+    @property
+    def early_stopping_callbacks(self) -> list[Callback]:
+        """The ``gpulayer.callbacks.EarlyStopping`` callbacks, in order (none can exist before that is imported)."""
+        callbacks = sys.modules.get("gpulayer.callbacks")
+        if callbacks is None:
+            return []
+        return [callback for callback in self.callbacks if isinstance(callback, callbacks.EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Callback | None:
+        found = self.early_stopping_callbacks
+        return found[0] if found else None
 
     @property
     def checkpoint_callbacks(self) -> list[Checkpoint]:
@@ -326,7 +359,7 @@ class Trainer:
     def estimated_stepping_batches(self) -> int | float:
         """Optimizer steps this ``fit`` plans (Lightning's formula, including its ``max(max_epochs, 1)``)."""
         loop, args = self.fit_loop, self.args
-        if self.state_fn != "fit":
+        if self.state.fn != TrainerFn.FITTING:
             loop.resolve_limits()
         if loop.max_epochs == -1:
             return math.inf if args.max_steps == -1 else args.max_steps
@@ -336,7 +369,9 @@ class Trainer:
         steps = math.ceil(loop.max_batches / args.accumulate_grad_batches) * max(loop.max_epochs, 1)
         return min(steps, args.max_steps) if args.max_steps != -1 else steps
 
-    max_epochs = property(lambda self: self.fit_loop.max_epochs if self.state_fn == "fit" else self.args.max_epochs)
+    max_epochs = property(
+        lambda self: self.fit_loop.max_epochs if self.state.fn == TrainerFn.FITTING else self.args.max_epochs
+    )
     min_epochs = property(lambda self: self.args.min_epochs)
     max_steps = property(lambda self: self.args.max_steps)
     min_steps = property(lambda self: self.args.min_steps)
@@ -358,6 +393,14 @@ class Trainer:
     num_val_batches = property(lambda self: list(self.validate_loop.max_batches))
     num_test_batches = property(lambda self: list(self.test_loop.max_batches))
     num_predict_batches = property(lambda self: list(self.predict_loop.max_batches))
+    num_sanity_val_batches = property(
+        lambda self: [min(self.args.num_sanity_val_steps, count) for count in self.validate_loop.max_batches]
+    )
+    enable_validation = property(lambda self: self.lightning_module is not None and self.validate_loop.is_enabled())
+    train_dataloader = property(lambda self: self.fit_loop.loader)
+    val_dataloaders = property(lambda self: _one_or_all(self.validate_loop.loaders))
+    test_dataloaders = property(lambda self: _one_or_all(self.test_loop.loaders))
+    predict_dataloaders = property(lambda self: _one_or_all(self.predict_loop.loaders))
     is_last_batch = property(lambda self: self.fit_loop.is_last_batch)
     global_rank = property(lambda self: self.runtime.global_rank)
     local_rank = property(lambda self: self.runtime.local_rank)
@@ -366,10 +409,33 @@ class Trainer:
     num_nodes = property(lambda self: self.args.num_nodes)
     num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
     is_global_zero = property(lambda self: self.runtime.global_rank == 0)
-    training = property(lambda self: self.state_fn == "fit" and not self.sanity_checking)
-    validating = property(lambda self: self.state_fn == "validate" or self.sanity_checking)
-    testing = property(lambda self: self.state_fn == "test")
-    predicting = property(lambda self: self.state_fn == "predict")
+    training = property(
+        lambda self: self.state.stage == RunningStage.TRAINING, lambda self, on: self._stage(on, RunningStage.TRAINING)
+    )
+    validating = property(
+        lambda self: self.state.stage == RunningStage.VALIDATING,
+        lambda self, on: self._stage(on, RunningStage.VALIDATING),
+    )
+    testing = property(
+        lambda self: self.state.stage == RunningStage.TESTING, lambda self, on: self._stage(on, RunningStage.TESTING)
+    )
+    predicting = property(
+        lambda self: self.state.stage == RunningStage.PREDICTING,
+        lambda self, on: self._stage(on, RunningStage.PREDICTING),
+    )
+    sanity_checking = property(
+        lambda self: self.state.stage == RunningStage.SANITY_CHECKING,
+        lambda self, on: self._stage(on, RunningStage.SANITY_CHECKING),
+    )
+    evaluating = property(lambda self: self.state.stage is not None and self.state.stage.evaluating)
+    interrupted = property(lambda self: self.state.status == TrainerStatus.INTERRUPTED)
+
+    def _stage(self, on: bool, stage: RunningStage) -> None:
+        """Lightning's stage setters: True enters ``stage``; False leaves it, if it is the current one."""
+        if on:
+            self.state.stage = stage
+        elif self.state.stage == stage:
+            self.state.stage = None
 
     @property
     def logger(self) -> CSVLogger | None:
@@ -389,6 +455,13 @@ class Trainer:
     overfit_batches = property(lambda self: self.args.overfit_batches)
     reload_dataloaders_every_n_epochs = property(lambda self: self.args.reload_dataloaders_every_n_epochs)
     enable_autolog_hparams = property(lambda self: self.args.enable_autolog_hparams)
+
+
+def _one_or_all(loaders: list[Any] | None) -> Any:
+    """A stage's loaders as Lightning's ``*_dataloaders`` give them: the loader, a list of several, or None."""
+    if not loaders:
+        return None
+    return loaders[0] if len(loaders) == 1 else loaders
 
 
 def _check_module(model: Any, stage: str) -> Module:

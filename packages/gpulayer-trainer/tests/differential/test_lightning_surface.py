@@ -1,0 +1,177 @@
+"""The attributes Lightning scripts and tests reach for, compared with Lightning 2.6: the Trainer's loaders, batch
+counts and callbacks, ``init_module``, ``PL_TRAINER_*`` defaults; the Module's loggers, ``all_gather`` and
+checkpoint keys; the DataModule's ``from_datasets``, ``__str__`` and ``load_from_checkpoint``."""
+
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import gpulayer.trainer as gl
+
+
+def _loader_shape(loaders):
+    if loaders is None:
+        return None
+    if isinstance(loaders, DataLoader):
+        return ("DataLoader", len(loaders.dataset))
+    return [_loader_shape(loader) for loader in loaders]
+
+
+def _surface(trainer) -> dict:
+    return {
+        "enable_validation": trainer.enable_validation,
+        "num_sanity_val_batches": trainer.num_sanity_val_batches,
+        "num_val_batches": trainer.num_val_batches,
+        "train_dataloader": _loader_shape(trainer.train_dataloader),
+        "val_dataloaders": _loader_shape(trainer.val_dataloaders),
+        "test_dataloaders": _loader_shape(trainer.test_dataloaders),
+        "predict_dataloaders": _loader_shape(trainer.predict_dataloaders),
+        "interrupted": trainer.interrupted,
+        "module_logger": trainer.lightning_module.logger,
+        "module_loggers": trainer.lightning_module.loggers,
+    }
+
+
+def _record_surface(hook):
+    def body(self, trainer, pl_module, *args, **kwargs):
+        pl_module.record(hook, _surface(trainer))
+
+    return body
+
+
+@pytest.mark.parametrize("val_sizes", [(6,), (6, 3)], ids=["one val loader", "two val loaders"])
+def test_the_trainers_loaders_and_counts_as_lightning_gives_them(differential, val_sizes):
+    differential(
+        trainer={"max_epochs": 1, "num_sanity_val_steps": 1},
+        val_sizes=val_sizes,
+        stages=("fit", "validate", "test", "predict"),
+        callback={hook: _record_surface(hook) for hook in ("on_train_start", "on_validation_start", "on_test_start")},
+        after=lambda trainer: trainer.lightning_module.record("after", _surface(trainer)),
+    )
+
+
+def _lightning():
+    warnings.simplefilter("ignore")
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return pl
+
+
+def test_early_stopping_callbacks_init_module_and_checkpoint_keys(tmp_path):
+    from gpulayer.callbacks import EarlyStopping, ModelCheckpoint
+
+    with warnings.catch_warnings():
+        pl = _lightning()
+        theirs = pl.Trainer(
+            callbacks=[pl.callbacks.EarlyStopping("a"), pl.callbacks.EarlyStopping("b")],
+            precision="bf16-true",
+            logger=False,
+            default_root_dir=tmp_path,
+        )
+        with theirs.init_module():
+            their_layer = torch.nn.Linear(2, 2)
+    ours = gl.Trainer(
+        callbacks=[EarlyStopping("a"), ModelCheckpoint(dirpath=tmp_path), EarlyStopping("b")],
+        precision="bf16-true",
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    with ours.init_module():
+        our_layer = torch.nn.Linear(2, 2)
+    assert [c.monitor for c in ours.early_stopping_callbacks] == [c.monitor for c in theirs.early_stopping_callbacks]
+    assert ours.early_stopping_callback.monitor == theirs.early_stopping_callback.monitor == "a"
+    assert (our_layer.weight.dtype, our_layer.weight.device) == (their_layer.weight.dtype, their_layer.weight.device)
+    assert gl.Trainer(logger=False).early_stopping_callback is None
+    for name in ("CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME", "CHECKPOINT_HYPER_PARAMS_TYPE"):
+        assert getattr(gl.Module, name) == getattr(pl.LightningModule, name)
+        assert getattr(gl.DataModule, name) == getattr(pl.LightningDataModule, name)
+
+
+def test_pl_trainer_variables_give_defaults_and_passed_arguments_win(monkeypatch, tmp_path):
+    monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "3")
+    monkeypatch.setenv("PL_TRAINER_LOG_EVERY_N_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_ACCELERATOR", "cpu")
+    with warnings.catch_warnings():
+        pl = _lightning()
+        theirs = pl.Trainer(log_every_n_steps=5, logger=False, default_root_dir=tmp_path)
+    ours = gl.Trainer(log_every_n_steps=5, logger=False, default_root_dir=tmp_path)
+    assert (ours.max_epochs, ours.log_every_n_steps) == (theirs.max_epochs, theirs.log_every_n_steps) == (3, 5)
+
+
+def test_all_gather_on_one_process_hands_the_data_back_as_lightning_does(tmp_path):
+    module = gl.Module()
+    trainer = gl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    module.trainer = trainer
+    data = {"loss": torch.tensor(2.0), "counts": [torch.ones(3)]}
+    gathered = module.all_gather(data)
+    assert torch.equal(gathered["loss"], data["loss"]) and torch.equal(gathered["counts"][0], data["counts"][0])
+    assert module.all_gather(3).item() == 3
+    module.example_input_array = torch.zeros(1, 4)
+    assert module.example_input_array.shape == (1, 4)
+
+
+def _datamodule_class(base):
+    class Digits(base):
+        def __init__(self, batch_size: int = 4, note: str = "x"):
+            super().__init__()
+            self.save_hyperparameters()
+            self.batches_seen = 0
+
+        def state_dict(self):
+            return {"batches_seen": self.batches_seen}
+
+        def load_state_dict(self, state):
+            self.batches_seen = state["batches_seen"]
+
+    return Digits
+
+
+def _datasets():
+    generator = torch.Generator().manual_seed(3)
+    train = TensorDataset(torch.randn(20, 4, generator=generator), torch.randn(20, 2, generator=generator))
+    return train, [
+        TensorDataset(torch.randn(6, 4), torch.randn(6, 2)),
+        TensorDataset(torch.randn(3, 4), torch.randn(3, 2)),
+    ]
+
+
+def test_from_datasets_and_str_match_lightnings():
+    train, val = _datasets()
+    with warnings.catch_warnings():
+        pl = _lightning()
+        theirs = _datamodule_class(pl.LightningDataModule).from_datasets(train, val, batch_size=5, note="y")
+    ours = _datamodule_class(gl.DataModule).from_datasets(train, val, batch_size=5, note="y")
+    assert str(ours) == str(theirs)
+    assert dict(ours.hparams) == dict(theirs.hparams) == {"batch_size": 5, "note": "y"}
+    assert _loader_shape(ours.train_dataloader()) == _loader_shape(theirs.train_dataloader())
+    assert _loader_shape(ours.val_dataloader()) == _loader_shape(theirs.val_dataloader())
+
+
+class _Regressor(gl.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        self.trainer.datamodule.batches_seen += 1
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_datamodule_fits_from_datasets_and_loads_back_from_the_checkpoint(tmp_path):
+    train, _ = _datasets()
+    datamodule = _datamodule_class(gl.DataModule).from_datasets(train, batch_size=5, note="z")
+    trainer = gl.Trainer(accelerator="cpu", max_epochs=2, logger=False, default_root_dir=tmp_path)
+    with warnings.catch_warnings():  # from_datasets pins memory, as Lightning's: torch warns that the CPU cannot
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        trainer.fit(_Regressor(), datamodule)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    loaded = _datamodule_class(gl.DataModule).load_from_checkpoint(tmp_path / "run.ckpt", note="override")
+    assert dict(loaded.hparams) == {"batch_size": 5, "note": "override"}
+    assert loaded.batches_seen == datamodule.batches_seen == 8

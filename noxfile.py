@@ -75,6 +75,13 @@ def multinode(session: nox.Session) -> None:
     _multinode(session)
 
 
+@nox.session
+def porting(session: nox.Session) -> None:
+    """The porting corpus: Lightning scripts run under Lightning and, with only their imports changed, GPUlayer."""
+    _install(session)
+    _porting(session)
+
+
 @nox.session(default=False)
 def cuda(session: nox.Session) -> None:
     """Tests marked cuda; skipped, saying so, where no GPU is present (an error under GPULAYER_REQUIRE_CUDA=1)."""
@@ -133,8 +140,8 @@ def bench_guard(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, unit, gloo, multinode, isolation, the newcomer check (the README's main job in a fresh
-    clone) and the benchmark guard.
+    """What CI runs: lint, unit, gloo, multinode, porting, isolation, the newcomer check (the README's main job in a
+    fresh clone) and the benchmark guard.
 
     The same steps as those sessions, in one venv: installing torch and Lightning once instead of six times saves
     CI minutes. A step that fails ends the run, naming it.
@@ -142,7 +149,7 @@ def tests(session: nox.Session) -> None:
     _install(session)
     records = _fresh_folder(session, "reliability")  # the reliability suite's cases run in unit and gloo
     session.env["GPULAYER_RELIABILITY_OUT"] = records
-    steps = [_lint, _unit, _gloo, _multinode, _isolation, _newcomer, _bench_guard]
+    steps = [_lint, _unit, _gloo, _multinode, _porting, _isolation, _newcomer, _bench_guard]
     for step in steps:
         session.log(f"step {step.__name__.removeprefix('_')}")
         step(session)
@@ -174,7 +181,7 @@ def _lint(session: nox.Session) -> None:
 
 
 def _unit(session: nox.Session) -> None:
-    _pytest(session, "not multiprocess and not multinode and not cuda", "-n", "auto", env=ON_CPU)
+    _pytest(session, "not multiprocess and not multinode and not cuda and not porting", "-n", "auto", env=ON_CPU)
 
 
 def _gloo(session: nox.Session) -> None:
@@ -183,6 +190,10 @@ def _gloo(session: nox.Session) -> None:
 
 def _multinode(session: nox.Session) -> None:
     _pytest(session, "multinode", env={"OMP_NUM_THREADS": "1", **ON_CPU})
+
+
+def _porting(session: nox.Session) -> None:
+    _pytest(session, "porting", "-n", "auto", env={"OMP_NUM_THREADS": "1", **ON_CPU})
 
 
 def _demo(session: nox.Session) -> None:

@@ -1,0 +1,50 @@
+"""Run one corpus script as ``python script.py`` would, then record what it trained: ``run_script.py SCRIPT OUT``.
+
+The record (JSON, at OUT) holds the module-level ``trainer``'s ``global_step``, ``current_epoch`` and metric dicts,
+every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), and the
+module-level ``model``'s weights, so that a Lightning run and a GPUlayer run of the same script can be compared.
+"""
+
+import json
+import runpy
+import sys
+import warnings
+
+import torch
+
+
+def _floats(metrics):
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def main() -> None:
+    script, out = sys.argv[1], sys.argv[2]
+    sys.argv = [script]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's tips and both frameworks' documented warnings
+        namespace = runpy.run_path(script, run_name="__main__")
+    trainer, model = namespace["trainer"], namespace["model"]
+    record = {
+        "global_step": trainer.global_step,
+        "current_epoch": trainer.current_epoch,
+        "callback_metrics": _floats(trainer.callback_metrics),
+        "logged_metrics": _floats(trainer.logged_metrics),
+        "returned": {name: _plain(value) for name, value in namespace.items() if name.endswith("results")},
+        "weights": {name: tensor.tolist() for name, tensor in model.state_dict().items()},
+    }
+    with open(out, "w") as file:
+        json.dump(record, file)
+
+
+if __name__ == "__main__":
+    main()

@@ -86,6 +86,7 @@ def test_early_stopping_callbacks_init_module_and_checkpoint_keys(tmp_path):
     assert ours.early_stopping_callback.monitor == theirs.early_stopping_callback.monitor == "a"
     assert (our_layer.weight.dtype, our_layer.weight.device) == (their_layer.weight.dtype, their_layer.weight.device)
     assert gl.Trainer(logger=False).early_stopping_callback is None
+    assert gl.Module().strict_loading is pl.LightningModule().strict_loading is True
     for name in ("CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME", "CHECKPOINT_HYPER_PARAMS_TYPE"):
         assert getattr(gl.Module, name) == getattr(pl.LightningModule, name)
         assert getattr(gl.DataModule, name) == getattr(pl.LightningDataModule, name)

@@ -89,7 +89,7 @@ def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) 
     """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
     module, datamodule = trainer.lightning_module, trainer.datamodule
     trainer._hooks.module("on_load_checkpoint", checkpoint)
-    trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=getattr(module, "strict_loading", True))
+    trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=module.strict_loading)
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     states = checkpoint.get("callbacks", {})
@@ -248,9 +248,7 @@ def load_module(
     if is_overridden("configure_model", model, Module):
         model.configure_model()
     model.on_load_checkpoint(checkpoint)
-    model.load_state_dict(
-        checkpoint["state_dict"], strict=getattr(model, "strict_loading", True) if strict is None else strict
-    )
+    model.load_state_dict(checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict)
     first = next((t for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
     return model.to(first.device) if first is not None else model
 

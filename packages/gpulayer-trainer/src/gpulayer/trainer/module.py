@@ -24,6 +24,9 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+    # Whether a checkpoint's state_dict must match the module's keys exactly (Lightning's; set it False in __init__
+    # for a module that adds or drops parameters).
+    strict_loading = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -408,6 +408,10 @@ class Trainer:
     world_size = property(lambda self: self.runtime.world_size)
     num_nodes = property(lambda self: self.args.num_nodes)
     num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
+    # This node's device indices: the GPUs of devices=[...], else 0 to num_devices - 1 (Lightning's, CPU included).
+    device_ids = property(
+        lambda self: list(self.args.device_indices) if self.args.device_indices else list(range(self.num_devices))
+    )
     is_global_zero = property(lambda self: self.runtime.global_rank == 0)
     training = property(
         lambda self: self.state.stage == RunningStage.TRAINING, lambda self, on: self._stage(on, RunningStage.TRAINING)

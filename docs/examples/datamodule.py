@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 from gpulayer.trainer import DataModule, Module, Trainer, seed_everything
+from gpulayer.trainer.states import TrainerFn
 
 FEATURES, CLASSES = 8, 4
 
@@ -51,10 +52,10 @@ class BlobsDataModule(DataModule):
         os.replace(partial, self.path)
         print(f"prepare_data: wrote {self.path}", flush=True)
 
-    def setup(self, stage: str) -> None:
+    def setup(self, stage: TrainerFn) -> None:
         # Every process, before every stage. Its own seeded generator, so that fit and test (each calls setup)
         # cut the same 70/15/15 split, and so does every rank.
-        self.calls.append(f"setup({stage})")
+        self.calls.append(f"setup({stage.value})")  # the entry point: TrainerFn.FITTING == "fit"
         data = torch.load(self.path)
         dataset = TensorDataset(data["features"], data["labels"])
         generator = torch.Generator().manual_seed(self.seed)
@@ -77,9 +78,9 @@ class BlobsDataModule(DataModule):
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.predict_set, batch_size=256)
 
-    def teardown(self, stage: str) -> None:
+    def teardown(self, stage: TrainerFn) -> None:
         # After every stage: let go of the data; the next stage's setup reads it again.
-        self.calls.append(f"teardown({stage})")
+        self.calls.append(f"teardown({stage.value})")
         self.train_set = self.val_set = self.test_set = self.predict_set = None
 
 

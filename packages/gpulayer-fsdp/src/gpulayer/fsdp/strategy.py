@@ -34,6 +34,7 @@ class FSDPStrategy(Strategy):
     """
 
     strategy_name = "fsdp"
+    is_distributed = True
     evaluates_in_inference_mode = False  # each step gathers parameters, which a later training step reuses
     gradient_sync = "FSDP's gradient reduce-scatter"
 

@@ -53,7 +53,8 @@ def _node_arguments(num_nodes: int) -> list[str]:
 
 def _this_script(nproc_per_node: int, asked_by: str) -> list[str]:
     """How to run ``__main__`` again with its arguments: its path, or ``-m name`` when started with ``-m``."""
-    if "PYTEST_CURRENT_TEST" in os.environ:
+    # pytest itself, not a script a test started (which inherits PYTEST_CURRENT_TEST but never imports _pytest).
+    if "PYTEST_CURRENT_TEST" in os.environ and "_pytest" in sys.modules:
         raise RuntimeError(
             f"{asked_by} inside a pytest test would start pytest again on every rank; run the training in a "
             "script (gpulayer.runtime.testing.run_command), or create the process group first and join it"

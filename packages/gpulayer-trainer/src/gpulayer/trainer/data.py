@@ -70,19 +70,18 @@ def as_loader_list(loaders: Any, stage: str) -> list[Any]:
 
 
 def has_length(loader: Any) -> bool:
+    """Whether ``len(loader)`` works; a ``__len__`` that raises ``NotImplementedError`` means no length, as in
+    Lightning (an iterable dataset's loader often does that)."""
     try:
         len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return False
     return True
 
 
 def num_batches(loader: Any, limit: int | float, stage: str) -> int | float:
     """Lightning's ``_parse_num_batches``: ints cap the count, floats take a (floored) fraction."""
-    try:
-        length: int | float = len(loader)
-    except TypeError:
-        length = math.inf
+    length: int | float = len(loader) if has_length(loader) else math.inf
     if length == 0:
         return 0
     if isinstance(limit, int):

@@ -42,6 +42,7 @@ class DDPStrategy(Strategy):
     """
 
     strategy_name = "ddp"
+    is_distributed = True
 
     def __init__(
         self,

@@ -9,12 +9,14 @@ from typing import Any
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
+from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.timer import Timer
 
 
 def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
     """User callbacks, then the ``max_time`` Timer, then every checkpoint callback last (Lightning's order);
     the default checkpoint when checkpointing is on and none is given."""
+    check_state_keys(callbacks)
     checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
     if checkpoints and not args.enable_checkpointing:
         raise ValueError(
@@ -25,6 +27,22 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
         checkpoints = [DefaultCheckpoint()]
     timer = [Timer(args.max_time)] if args.max_time is not None else []
     return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
+
+
+def check_state_keys(callbacks: list[Callback]) -> None:
+    """Lightning's rule, at construction: two callbacks with state (``state_dict`` overridden) under one
+    ``state_key`` would overwrite each other in a checkpoint."""
+    seen: dict[str, Callback] = {}
+    for callback in callbacks:
+        if not is_overridden("state_dict", callback, Callback):
+            continue
+        if callback.state_key in seen:
+            raise RuntimeError(
+                f"callbacks: {type(seen[callback.state_key]).__name__} and {type(callback).__name__} have state under "
+                f"one state_key ({callback.state_key!r}), so a checkpoint would keep only one of them; give one "
+                "different arguments or a state_key of its own"
+            )
+        seen[callback.state_key] = callback
 
 
 def default_loggers(logger: Any, args: Any) -> list[CSVLogger]:

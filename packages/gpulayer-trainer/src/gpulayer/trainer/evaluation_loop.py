@@ -98,7 +98,7 @@ class EvaluationLoop:
         overfitting = args.overfit_batches > 0
         if overfitting and fitting:
             loaders = [without_shuffling(loader, self.prefix) for loader in loaders]
-        if args.use_distributed_sampler:
+        if args.use_distributed_sampler and trainer.strategy.is_distributed:
             loaders = [
                 with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank, overfitting)
                 for loader in loaders

@@ -150,7 +150,7 @@ class FitLoop:
         overfitting = args.overfit_batches > 0
         if overfitting:
             loader = without_shuffling(loader, "train")
-        if args.use_distributed_sampler:
+        if args.use_distributed_sampler and trainer.strategy.is_distributed:
             loader = with_distributed_sampler(loader, "train", trainer.world_size, trainer.global_rank, overfitting)
         self.loader = loader
         count = num_batches(loader, args.limit_train_batches, "train")

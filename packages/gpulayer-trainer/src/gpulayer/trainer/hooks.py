@@ -22,8 +22,13 @@ _DEFAULT_PASS_THROUGH = frozenset({"on_before_batch_transfer", "on_after_batch_t
 
 def is_overridden(name: str, instance: Any, base: type) -> bool:
     """Whether ``instance``'s class defines ``name`` differently from ``base``, or the instance holds its own
-    (``DataModule.from_datasets`` sets its loader methods that way; Lightning counts those too)."""
-    if name in getattr(instance, "__dict__", ()):
+    (``DataModule.from_datasets`` sets its loader methods that way; Lightning counts those too). A hook set to None
+    on the instance is switched off; an object that passes for a ``base`` without deriving from it (a
+    ``Mock(spec=Callback)``) overrides every hook, as Lightning calls every hook."""
+    own = getattr(instance, "__dict__", {})
+    if name in own:
+        return own[name] is not None
+    if isinstance(instance, base) and not issubclass(type(instance), base):
         return True
     method = getattr(type(instance), name, None)
     return method is not None and method is not getattr(base, name, None)
@@ -58,7 +63,7 @@ class Hooks:
         # arguments) with one set lookup.
         self.active = frozenset(name for name in CALLBACK_HOOKS if self._overriding[name] or name not in self._noops)
 
-    def callbacks(self, name: str, *args: Any, monitoring: bool | None = None) -> None:
+    def callbacks(self, name: str, *args: Any, monitoring: bool | None = None, **kwargs: Any) -> None:
         """``name`` on every callback that overrides it; ``monitoring`` selects one side of Lightning's split."""
         overriding = self._overriding[name]
         if not overriding:
@@ -68,7 +73,7 @@ class Hooks:
         try:
             for callback in overriding:
                 if monitoring is None or monitors_metrics(callback) == monitoring:
-                    getattr(callback, name)(self._trainer, self._module, *args)
+                    getattr(callback, name)(self._trainer, self._module, *args, **kwargs)
         finally:
             state["_current_fx_name"] = previous
 

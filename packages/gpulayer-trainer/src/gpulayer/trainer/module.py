@@ -455,15 +455,15 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         return load_module(cls, checkpoint_path, map_location, strict, weights_only, **kwargs)
 
     # ---- conveniences ----------------------------------------------------------------------------------------------
-    def freeze(self) -> None:
+    def freeze(self) -> Module:
         for parameter in self.parameters():
             parameter.requires_grad = False
-        self.eval()
+        return self.eval()
 
-    def unfreeze(self) -> None:
+    def unfreeze(self) -> Module:
         for parameter in self.parameters():
             parameter.requires_grad = True
-        self.train()
+        return self.train()
 
 
 def _metric_dtype() -> torch.dtype:

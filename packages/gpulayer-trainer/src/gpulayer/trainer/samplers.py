@@ -28,9 +28,10 @@ from torch.utils.data import (
 
 
 def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int, overfitting: bool = False) -> Any:
-    """``loader`` remade with this rank's sampler; unchanged when it needs none (one process, an iterable dataset,
-    a DistributedSampler already, or not a DataLoader). Under ``overfit_batches`` nothing shuffles."""
-    if world_size == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+    """``loader`` remade with this rank's sampler, under a distributed strategy (DDP on one process too, as in
+    Lightning); unchanged when it needs none (an iterable dataset, a DistributedSampler already, or not a
+    DataLoader). Under ``overfit_batches`` nothing shuffles."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     if isinstance(loader.sampler, DistributedSampler):
         return loader

@@ -80,9 +80,9 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
     if stage == "fit":
         hooks.both("on_fit_end")
     if datamodule is not None:
-        datamodule.teardown(stage)
-    hooks.callbacks("teardown", stage)
-    hooks.module("teardown", stage)
+        datamodule.teardown(stage=trainer.state.fn)
+    hooks.callbacks("teardown", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
+    hooks.module("teardown", stage=trainer.state.fn)
     trainer.state.status, trainer.state.stage = TrainerStatus.FINISHED, None
     return result
 
@@ -133,9 +133,9 @@ def _set_up(
         if trainer.is_global_zero:
             logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
     if datamodule is not None:
-        datamodule.setup(stage)
-    hooks.callbacks("setup", stage)
-    hooks.module("setup", stage)
+        datamodule.setup(stage=trainer.state.fn)
+    hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
+    hooks.module("setup", stage=trainer.state.fn)
     if is_overridden("configure_model", module, Module):
         hooks.module("configure_model")
     checkpoint = _requested_checkpoint(trainer, stage)

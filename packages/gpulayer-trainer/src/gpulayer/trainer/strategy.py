@@ -45,6 +45,8 @@ class Strategy:
     # tensors made under inference_mode could not serve a later training step).
     evaluates_in_inference_mode = True
     gradient_sync: str | None = None  # backward's gradient collective, named when it fails
+    # Whether loaders get distributed samplers (use_distributed_sampler): DDP and FSDP, one process included.
+    is_distributed = False
 
     def __init__(self) -> None:
         self.runtime: Runtime | None = None

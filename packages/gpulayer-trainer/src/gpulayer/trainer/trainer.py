@@ -382,7 +382,8 @@ class Trainer:
     val_check_interval = property(lambda self: self.args.val_check_interval)
     val_check_batch = property(lambda self: self.fit_loop.val_check_batch)
     log_every_n_steps = property(lambda self: self.args.log_every_n_steps)
-    fast_dev_run = property(lambda self: self.args.fast_dev_run)
+    # Lightning's: True for fast_dev_run=True or 1, else the number given (False for none).
+    fast_dev_run = property(lambda self: {0: False, 1: True}.get(self.args.fast_dev_run, self.args.fast_dev_run))
     num_sanity_val_steps = property(lambda self: self.args.num_sanity_val_steps)
     limit_train_batches = property(lambda self: self.args.limit_train_batches)
     limit_val_batches = property(lambda self: self.args.limit_val_batches)

@@ -1,0 +1,213 @@
+"""Behaviours Lightning's own tests and real scripts rely on, compared with Lightning 2.6: hooks assigned on an
+instance (or a ``Mock(spec=Callback)``), a step set to None, the stage passed to ``setup``/``teardown``, DDP's
+sampler on one process, an unsized loader whose ``__len__`` raises, and a few return values."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+import gpulayer.trainer as gl
+
+
+def _lightning():
+    warnings.simplefilter("ignore")
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return pl
+
+
+def _regressor(base):
+    class Regressor(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.stages = []
+
+        def setup(self, *, stage):  # keyword-only: Lightning passes stage=
+            self.stages.append((stage == "fit", stage.value))
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Regressor
+
+
+def _data():
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(24, 4, generator=generator), torch.randn(24, 1, generator=generator))
+
+
+def _fit(framework, module_base, tmp_path, model_change=None, **options):
+    torch.manual_seed(0)
+    model = _regressor(module_base)()
+    if model_change is not None:
+        model_change(model)
+    trainer = framework.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path, **options
+    )
+    trainer.fit(model, DataLoader(_data(), batch_size=4, shuffle=True), DataLoader(_data(), batch_size=8))
+    return trainer, model
+
+
+def _both(tmp_path, model_change=None, **options):
+    """(Lightning's, GPUlayer's) trainer and model. GPUlayer runs first: Lightning's DDP in this process sets
+    RANK and friends and leaves its process group, which are put back as they were afterwards."""
+    ours = _fit(gl, gl.Module, tmp_path / "gpulayer", model_change, **options)
+    environment = dict(os.environ)
+    try:
+        with warnings.catch_warnings():
+            pl = _lightning()
+            lightning_only = {"enable_progress_bar": False}
+            theirs = _fit(pl, pl.LightningModule, tmp_path / "lightning", model_change, **lightning_only, **options)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+    return theirs, ours
+
+
+def test_hooks_assigned_on_instances_and_mocked_callbacks_are_called_as_in_lightning(tmp_path):
+    counts = {}
+    for name, framework, base in (("lightning", None, None), ("gpulayer", gl, gl.Callback)):
+        with warnings.catch_warnings():
+            if framework is None:
+                framework = _lightning()
+                base = framework.Callback
+            assigned = base()
+            calls: list[int] = []
+            assigned.on_train_epoch_end = lambda trainer, pl_module, calls=calls: calls.append(trainer.current_epoch)
+            mocked = mock.Mock(spec=base)
+            torch.manual_seed(0)
+            model = _regressor(framework.LightningModule if name == "lightning" else gl.Module)()
+            extra = {"enable_progress_bar": False} if name == "lightning" else {}
+            trainer = framework.Trainer(
+                accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, callbacks=[assigned, mocked],
+                default_root_dir=tmp_path / name, **extra,
+            )  # fmt: skip
+            trainer.fit(model, DataLoader(_data(), batch_size=4))
+        counts[name] = (calls, mocked.on_train_epoch_end.call_count, mocked.on_train_batch_end.call_count)
+    assert counts["gpulayer"] == counts["lightning"] == ([0, 1], 2, 12)
+
+
+def test_a_validation_step_set_to_none_switches_validation_off(tmp_path):
+    def no_validation(model):
+        model.validation_step = None
+
+    (theirs, _), (ours, _) = _both(tmp_path, no_validation, max_epochs=2)
+    assert ours.global_step == theirs.global_step == 12
+    assert "val_loss" not in ours.callback_metrics and "val_loss" not in theirs.callback_metrics
+
+
+def test_setup_gets_the_entry_point_by_keyword_and_freeze_returns_the_module(tmp_path):
+    (_, their_model), (_, our_model) = _both(tmp_path, max_epochs=1)
+    assert our_model.stages == their_model.stages == [(True, "fit")]
+    assert our_model.freeze() is our_model and our_model.unfreeze() is our_model
+    with warnings.catch_warnings():
+        pl = _lightning()
+        assert pl.Trainer(fast_dev_run=True).fast_dev_run is gl.Trainer(fast_dev_run=True, logger=False).fast_dev_run
+
+
+def test_ddp_on_one_process_reads_through_a_distributed_sampler_as_lightning_does(tmp_path):
+    (_, their_model), (ours, our_model) = _both(tmp_path, max_epochs=2, strategy="ddp", devices=1)
+    assert type(ours.train_dataloader.sampler).__name__ == "DistributedSampler"
+    for name, tensor in their_model.state_dict().items():
+        torch.testing.assert_close(our_model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+class _LengthUnknown(IterableDataset):
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(1)
+        while True:
+            yield torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+
+    def __len__(self):
+        raise NotImplementedError("a stream has no length")
+
+
+def test_a_loader_whose_len_raises_not_implemented_is_unsized(tmp_path):
+    for framework, base in ((gl, gl.Module),):
+        torch.manual_seed(0)
+        trainer = framework.Trainer(accelerator="cpu", max_steps=5, logger=False, default_root_dir=tmp_path)
+        trainer.fit(_regressor(base)(), DataLoader(_LengthUnknown(), batch_size=4))
+        assert trainer.global_step == 5 and trainer.num_training_batches == float("inf")
+
+
+class _Stateful(gl.Callback):
+    def state_dict(self):
+        return {"seen": 1}
+
+
+def test_two_stateful_callbacks_under_one_key_are_refused_at_construction(tmp_path):
+    with warnings.catch_warnings():
+        pl = _lightning()
+
+        class LightningStateful(pl.Callback):
+            def state_dict(self):
+                return {"seen": 1}
+
+        with pytest.raises(RuntimeError):
+            pl.Trainer(callbacks=[LightningStateful(), LightningStateful()], logger=False)
+    with pytest.raises(RuntimeError, match=r"callbacks: _Stateful and _Stateful have state under one state_key"):
+        gl.Trainer(callbacks=[_Stateful(), _Stateful()], default_root_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+class _Sized(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.ones(4), torch.ones(1)
+
+
+@pytest.mark.multiprocess
+def test_a_script_a_test_starts_may_start_its_own_ranks(tmp_path):
+    # The script inherits PYTEST_CURRENT_TEST from this test; it is not pytest, so devices=2 starts its two ranks.
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            import gpulayer.trainer as gl
+
+            class Tiny(gl.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.layer = torch.nn.Linear(2, 1)
+
+                def training_step(self, batch, batch_idx):
+                    return self.layer(batch[0]).pow(2).mean()
+
+                def configure_optimizers(self):
+                    return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            if __name__ == "__main__":
+                trainer = gl.Trainer(accelerator="cpu", devices=2, max_steps=2, logger=False, enable_checkpointing=False)
+                trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2))
+                print(f"rank {trainer.global_rank} trained {trainer.global_step} steps of {trainer.world_size} ranks")
+            """
+        )
+    )
+    assert "PYTEST_CURRENT_TEST" in os.environ
+    finished = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "trained 2 steps of 2 ranks" in finished.stdout

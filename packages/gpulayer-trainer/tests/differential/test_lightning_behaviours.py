@@ -211,3 +211,23 @@ def test_a_script_a_test_starts_may_start_its_own_ranks(tmp_path):
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "trained 2 steps of 2 ranks" in finished.stdout
+
+
+def _record_ckpt_path(trainer):
+    trainer.lightning_module.record("ckpt_path", os.path.basename(trainer.ckpt_path or ""))
+
+
+@pytest.mark.parametrize(
+    ("max_epochs", "stages"),
+    [(2, ("fit", "test", "test")), (1, ("fit", "test", "predict"))],
+    ids=["two tests after fit", "test then predict"],
+)
+def test_the_default_checkpoint_is_best_again_after_an_evaluation_restored_it(differential, max_epochs, stages):
+    # Each evaluation loads "best" and restores the callbacks from it: the state saved in the file must name the file.
+    differential(
+        trainer={"max_epochs": max_epochs, "enable_checkpointing": True},
+        stages=stages,
+        stage_arguments={label: {"ckpt_path": "best"} for label in ("test", "test#2", "predict")},
+        callback={"on_test_start": lambda self, trainer, pl_module: _record_ckpt_path(trainer)},
+        after=_record_ckpt_path,
+    )

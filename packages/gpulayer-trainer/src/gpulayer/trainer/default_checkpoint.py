@@ -78,9 +78,14 @@ class DefaultCheckpoint(Checkpoint):
             return
         previous = self.best_model_path
         path = self._free_name(trainer, f"epoch={trainer.current_epoch}-step={trainer.global_step}", previous)
-        trainer.save_checkpoint(path)
-        self._last_global_step_saved = trainer.global_step
+        # The file's own callback state must name the file itself: a later ckpt_path="best" restores it.
         self.best_model_path = path
+        try:
+            trainer.save_checkpoint(path)
+        except BaseException:
+            self.best_model_path = previous
+            raise
+        self._last_global_step_saved = trainer.global_step
         if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
             os.remove(previous)
 

@@ -231,3 +231,60 @@ def test_the_default_checkpoint_is_best_again_after_an_evaluation_restored_it(di
         callback={"on_test_start": lambda self, trainer, pl_module: _record_ckpt_path(trainer)},
         after=_record_ckpt_path,
     )
+
+
+@pytest.mark.parametrize(("max_epochs", "refused"), [(1, True), (2, False)])
+def test_resuming_past_max_epochs_is_refused_as_in_lightning(tmp_path, max_epochs, refused):
+    outcomes = {}
+    for name in ("lightning", "gpulayer"):
+        with warnings.catch_warnings():
+            framework = _lightning() if name == "lightning" else gl
+            base = framework.LightningModule if name == "lightning" else gl.Module
+            extra = {"enable_progress_bar": False} if name == "lightning" else {}
+            options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, **extra)
+            first = framework.Trainer(max_epochs=2, default_root_dir=tmp_path / name, **options)
+            first.fit(_regressor(base)(), DataLoader(_data(), batch_size=4))
+            first.save_checkpoint(tmp_path / f"{name}.ckpt")
+            again = framework.Trainer(max_epochs=max_epochs, default_root_dir=tmp_path / name, **options)
+            try:
+                again.fit(_regressor(base)(), DataLoader(_data(), batch_size=4), ckpt_path=tmp_path / f"{name}.ckpt")
+                outcomes[name] = ("trained on", again.global_step)
+            except Exception as error:  # Lightning's MisconfigurationException, GPUlayer's ValueError
+                outcomes[name] = ("refused", "current_epoch=2" in str(error))
+    assert outcomes["gpulayer"] == outcomes["lightning"] == (("refused", True) if refused else ("trained on", 12))
+
+
+def test_an_exception_in_on_fit_end_reaches_on_exception_and_saves_as_lightning_does(tmp_path):
+    from gpulayer.callbacks import ModelCheckpoint
+
+    files, heard = {}, {}
+    for name in ("lightning", "gpulayer"):
+        with warnings.catch_warnings():
+            framework = _lightning() if name == "lightning" else gl
+            callback_base = framework.Callback
+            checkpoint_class = framework.callbacks.ModelCheckpoint if name == "lightning" else ModelCheckpoint
+            base = framework.LightningModule if name == "lightning" else gl.Module
+
+            class FailsAtFitEnd(callback_base):
+                def __init__(self):
+                    self.exceptions = []
+
+                def on_fit_end(self, trainer, pl_module):
+                    raise RuntimeError("fails in on_fit_end")
+
+                def on_exception(self, trainer, pl_module, exception):
+                    self.exceptions.append(str(exception))
+
+            failing = FailsAtFitEnd()
+            checkpoint = checkpoint_class(dirpath=tmp_path / name / "ckpt", save_on_exception=True, save_top_k=0)
+            extra = {"enable_progress_bar": False} if name == "lightning" else {}
+            trainer = framework.Trainer(
+                accelerator="cpu", max_epochs=1, logger=False, callbacks=[failing, checkpoint],
+                default_root_dir=tmp_path / name, **extra,
+            )  # fmt: skip
+            with pytest.raises(RuntimeError, match="fails in on_fit_end"):
+                trainer.fit(_regressor(base)(), DataLoader(_data(), batch_size=4))
+        files[name] = sorted(path.name for path in (tmp_path / name / "ckpt").iterdir())
+        heard[name] = (failing.exceptions, trainer.interrupted)
+    assert files["gpulayer"] == files["lightning"] and files["gpulayer"]
+    assert heard["gpulayer"] == heard["lightning"] == (["fails in on_fit_end"], True)

@@ -109,7 +109,13 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
     scaler = strategy.precision_plugin.scaler
     if scaler is not None and "MixedPrecision" in checkpoint:
         scaler.load_state_dict(checkpoint["MixedPrecision"])
-    trainer.fit_loop.load_state_dict(checkpoint["loops"]["fit_loop"])
+    loop = trainer.fit_loop
+    loop.load_state_dict(checkpoint["loops"]["fit_loop"])
+    if loop.max_epochs != -1 and loop.epochs_completed > loop.max_epochs:  # Lightning's check, and its strict ">"
+        raise ValueError(
+            f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint is at current_epoch={loop.epochs_completed}, past "
+            f"max_epochs={loop.max_epochs}; raise max_epochs to train on from it"
+        )
     for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
         strategy.load_optimizer_state_dict(optimizer, state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):

@@ -62,6 +62,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
             inference = trainer.args.inference_mode and strategy.evaluates_in_inference_mode
             with torch.inference_mode() if inference else torch.no_grad():
                 result = _evaluation_loop(trainer, stage).run()
+        _tear_down(trainer, stage, hooks, datamodule)  # inside: an error in on_fit_end or teardown is reported too
     except BaseException as error:
         trainer.state.status = TrainerStatus.INTERRUPTED
         trainer.fit_loop.optimization = None
@@ -74,8 +75,14 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
         raise
+    trainer.state.status, trainer.state.stage = TrainerStatus.FINISHED, None
+    return result
+
+
+def _tear_down(trainer: Trainer, stage: str, hooks: Hooks, datamodule: DataModule | None) -> None:
+    """A finished stage: release DDP and the optimization, then ``on_fit_end`` and the ``teardown`` hooks."""
     trainer.fit_loop.optimization = None  # with DDP's wrapper (below), its gradient buckets are freed
-    strategy.teardown(trainer.optimizers)
+    trainer.strategy.teardown(trainer.optimizers)
     trainer._logger_rows.finalize("success")
     if stage == "fit":
         hooks.both("on_fit_end")
@@ -83,8 +90,6 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
         datamodule.teardown(stage=trainer.state.fn)
     hooks.callbacks("teardown", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("teardown", stage=trainer.state.fn)
-    trainer.state.status, trainer.state.stage = TrainerStatus.FINISHED, None
-    return result
 
 
 _REMOVED_HOOKS = {

@@ -32,6 +32,9 @@ def _regressor(base):
             self.layer = torch.nn.Linear(4, 1)
             self.stages = []
 
+        def forward(self, x):
+            return self.layer(x)
+
         def setup(self, *, stage):  # keyword-only: Lightning passes stage=
             self.stages.append((stage == "fit", stage.value))
 
@@ -288,3 +291,12 @@ def test_an_exception_in_on_fit_end_reaches_on_exception_and_saves_as_lightning_
         heard[name] = (failing.exceptions, trainer.interrupted)
     assert files["gpulayer"] == files["lightning"] and files["gpulayer"]
     assert heard["gpulayer"] == heard["lightning"] == (["fails in on_fit_end"], True)
+
+
+def test_a_fitted_module_can_be_scripted_as_in_lightning(tmp_path):
+    (_, their_model), (_, our_model) = _both(tmp_path, max_epochs=1)
+    sample = torch.ones(2, 4)
+    with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; scripts still call it
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        ours, theirs = torch.jit.script(our_model)(sample), torch.jit.script(their_model)(sample)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -21,6 +21,21 @@ from gpulayer.trainer.results import Meta, log_levels, reduction
 class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
     """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
 
+    # Properties TorchScript must not compile when the module is scripted (they read the Trainer), as in Lightning.
+    __jit_unused_properties__ = (
+        "trainer",
+        "device",
+        "dtype",
+        "current_epoch",
+        "global_step",
+        "global_rank",
+        "local_rank",
+        "logger",
+        "loggers",
+        "example_input_array",
+        "hparams",
+        "hparams_initial",
+    )
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"

@@ -300,3 +300,29 @@ def test_a_fitted_module_can_be_scripted_as_in_lightning(tmp_path):
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         ours, theirs = torch.jit.script(our_model)(sample), torch.jit.script(their_model)(sample)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["script", "trace"])
+def test_to_torchscript_gives_what_lightnings_gives(tmp_path, method):
+    (_, their_model), (_, our_model) = _both(tmp_path, max_epochs=1)
+    sample = torch.ones(2, 4)
+    outputs = []
+    for model, name in ((our_model, "ours"), (their_model, "theirs")):
+        model.example_input_array = sample
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; scripts still call it
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            model.to_torchscript(tmp_path / f"{name}.pt", method=method)
+            outputs.append(torch.jit.load(tmp_path / f"{name}.pt")(sample))
+        assert model.training  # put back in train mode
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"to_torchscript\(method='compile'\)"):
+        our_model.to_torchscript(method="compile")
+
+
+def test_to_onnx_needs_a_sample_and_exports_with_onnx_installed(tmp_path):
+    module = _regressor(gl.Module)()
+    with pytest.raises(ValueError, match="to_onnx: pass a sample input or set the module's example_input_array"):
+        module.to_onnx(tmp_path / "model.onnx")
+    pytest.importorskip("onnx")
+    module.to_onnx(tmp_path / "model.onnx", torch.ones(1, 4))
+    assert (tmp_path / "model.onnx").stat().st_size > 0

@@ -87,6 +87,16 @@ def test_early_stopping_callbacks_init_module_and_checkpoint_keys(tmp_path):
     assert (our_layer.weight.dtype, our_layer.weight.device) == (their_layer.weight.dtype, their_layer.weight.device)
     assert gl.Trainer(logger=False).early_stopping_callback is None
     assert gl.Module().strict_loading is pl.LightningModule().strict_loading is True
+    ours, theirs = (
+        gl.Trainer(accelerator="cpu", logger=False).accelerator,
+        pl.Trainer(accelerator="cpu", logger=False).accelerator,
+    )
+    assert type(ours).__name__ == type(theirs).__name__ == "CPUAccelerator"
+    assert (ours.name(), ours.is_available(), ours.auto_device_count()) == (
+        theirs.name(),
+        theirs.is_available(),
+        theirs.auto_device_count(),
+    )
     for options in ({"accelerator": "cpu"}, {"accelerator": "cpu", "devices": 1, "strategy": "ddp"}):
         assert gl.Trainer(logger=False, **options).device_ids == pl.Trainer(logger=False, **options).device_ids
     for name in ("CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME", "CHECKPOINT_HYPER_PARAMS_TYPE"):

@@ -15,6 +15,7 @@ import torch
 
 from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
+from gpulayer.trainer.accelerators import accelerator_for
 from gpulayer.trainer.arguments import defaults_from_environment, parse_arguments
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
@@ -409,6 +410,7 @@ class Trainer:
     world_size = property(lambda self: self.runtime.world_size)
     num_nodes = property(lambda self: self.args.num_nodes)
     num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
+    accelerator = property(lambda self: accelerator_for(self.strategy.root_device))
     # This node's device indices: the GPUs of devices=[...], else 0 to num_devices - 1 (Lightning's, CPU included).
     device_ids = property(
         lambda self: list(self.args.device_indices) if self.args.device_indices else list(range(self.num_devices))

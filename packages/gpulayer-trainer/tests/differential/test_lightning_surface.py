@@ -87,10 +87,13 @@ def test_early_stopping_callbacks_init_module_and_checkpoint_keys(tmp_path):
     assert (our_layer.weight.dtype, our_layer.weight.device) == (their_layer.weight.dtype, their_layer.weight.device)
     assert gl.Trainer(logger=False).early_stopping_callback is None
     assert gl.Module().strict_loading is pl.LightningModule().strict_loading is True
-    ours, theirs = (
-        gl.Trainer(accelerator="cpu", logger=False).accelerator,
-        pl.Trainer(accelerator="cpu", logger=False).accelerator,
-    )
+    our_trainer = gl.Trainer(accelerator="cpu", logger=False)
+    their_trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    with our_trainer.profiler.profile("step") as name, their_trainer.profiler.profile("step") as their_name:
+        assert name == their_name == "step"
+    assert our_trainer.progress_bar_callback is their_trainer.progress_bar_callback is None
+    assert gl.Module().on_gpu is pl.LightningModule().on_gpu is False
+    ours, theirs = our_trainer.accelerator, their_trainer.accelerator
     assert type(ours).__name__ == type(theirs).__name__ == "CPUAccelerator"
     assert (ours.name(), ours.is_available(), ours.auto_device_count()) == (
         theirs.name(),

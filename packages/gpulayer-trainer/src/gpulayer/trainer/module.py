@@ -26,6 +26,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         "trainer",
         "device",
         "dtype",
+        "on_gpu",
         "current_epoch",
         "global_step",
         "global_rank",
@@ -68,6 +69,10 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         for tensor in self.buffers():
             return tensor.device
         return torch.device("cpu") if self._trainer is None else self._trainer.strategy.root_device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
 
     @property
     def dtype(self) -> torch.dtype:

@@ -33,6 +33,7 @@ from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
+from gpulayer.trainer.profiler import PassThroughProfiler
 from gpulayer.trainer.stages import run_stage
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from gpulayer.trainer.strategy import Strategy
@@ -411,6 +412,8 @@ class Trainer:
     num_nodes = property(lambda self: self.args.num_nodes)
     num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
     accelerator = property(lambda self: accelerator_for(self.strategy.root_device))
+    profiler = property(lambda self: _PROFILER)  # profiles nothing (profiler= is refused)
+    progress_bar_callback = property(lambda self: None)  # GPUlayer's log line is not a callback
     # This node's device indices: the GPUs of devices=[...], else 0 to num_devices - 1 (Lightning's, CPU included).
     device_ids = property(
         lambda self: list(self.args.device_indices) if self.args.device_indices else list(range(self.num_devices))
@@ -462,6 +465,9 @@ class Trainer:
     overfit_batches = property(lambda self: self.args.overfit_batches)
     reload_dataloaders_every_n_epochs = property(lambda self: self.args.reload_dataloaders_every_n_epochs)
     enable_autolog_hparams = property(lambda self: self.args.enable_autolog_hparams)
+
+
+_PROFILER = PassThroughProfiler()
 
 
 def _one_or_all(loaders: list[Any] | None) -> Any:

@@ -272,16 +272,23 @@ def test_the_same_files_and_bookkeeping_as_lightning(tmp_path, scenario):
 
 
 def test_default_arguments_behave_as_the_trainers_default_checkpoint(tmp_path):
-    """``ModelCheckpoint()`` and ``enable_checkpointing``'s stand-in: same folder, files, best path and state key."""
-    default = Trainer(max_epochs=3, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "default"))
+    """``enable_checkpointing`` makes a ``ModelCheckpoint()`` where gpulayer-callbacks is installed (Lightning's
+    ``isinstance`` holds), and the trainer's stand-in without it, which behaves the same: same folder, files, best
+    path and state key."""
+    from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
+
+    assert type(Trainer(accelerator="cpu", logger=False).checkpoint_callback) is ModelCheckpoint
+    stand_in = DefaultCheckpoint()
+    default = Trainer(
+        max_epochs=3, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "default"), callbacks=[stand_in]
+    )
     default.fit(_module_class(Module)(), *_loaders())
     explicit = ModelCheckpoint()
     ours = Trainer(
         max_epochs=3, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "ours"), callbacks=[explicit]
     )
     ours.fit(_module_class(Module)(), *_loaders())
-    stand_in = default.checkpoint_callback
-    assert type(stand_in) is not ModelCheckpoint and ours.checkpoint_callback is explicit
+    assert default.checkpoint_callback is stand_in and ours.checkpoint_callback is explicit
     assert (
         stand_in.state_key
         == explicit.state_key

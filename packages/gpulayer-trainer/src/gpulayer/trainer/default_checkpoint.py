@@ -2,7 +2,8 @@
 
 ``epoch=E-step=S.ckpt`` in ``<log_dir>/checkpoints``, written after each training epoch (or after its
 validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
-default checkpointing works whether or not ``gpulayer-callbacks`` is installed.
+default checkpointing works without ``gpulayer-callbacks``; with it installed, the default is its ``ModelCheckpoint()``
+(``defaults.py``).
 """
 
 from __future__ import annotations

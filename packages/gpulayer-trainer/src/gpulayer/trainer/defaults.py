@@ -4,6 +4,7 @@ every checkpoint callback moved last) and the CSV logger."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib.metadata import entry_points
 from typing import Any
 
 from gpulayer.trainer.callback import Callback, Checkpoint
@@ -24,9 +25,17 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
             f"({type(checkpoints[0]).__name__}); remove one of them"
         )
     if args.enable_checkpointing and not checkpoints:
-        checkpoints = [DefaultCheckpoint()]
+        checkpoints = [_default_checkpoint()]
     timer = [Timer(args.max_time)] if args.max_time is not None else []
     return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
+
+
+def _default_checkpoint() -> Checkpoint:
+    """Lightning's ``ModelCheckpoint()`` when gpulayer-callbacks is installed (found through its entry point, the
+    trainer importing nothing above it), so ``isinstance(trainer.checkpoint_callback, ModelCheckpoint)`` holds;
+    else ``DefaultCheckpoint``, which behaves the same."""
+    found = [point for point in entry_points(group="gpulayer.checkpoints") if point.name == "default"]
+    return found[0].load()() if found else DefaultCheckpoint()
 
 
 def check_state_keys(callbacks: list[Callback]) -> None:

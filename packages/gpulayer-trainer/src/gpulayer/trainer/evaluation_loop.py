@@ -26,7 +26,7 @@ from gpulayer.trainer.data import (
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.results import ResultCollection
-from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler, without_shuffling
+from gpulayer.trainer.samplers import sampled, set_sampler_epoch
 
 if TYPE_CHECKING:
     from gpulayer.trainer.arguments import TrainerArguments
@@ -95,14 +95,7 @@ class EvaluationLoop:
         if fitting and (not trainer.sanity_checking or validates_in_epoch(args, trainer.current_epoch)):
             self.loaded_at = trainer.current_epoch
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
-        overfitting = args.overfit_batches > 0
-        if overfitting and fitting:
-            loaders = [without_shuffling(loader, self.prefix) for loader in loaders]
-        if args.use_distributed_sampler and trainer.strategy.is_distributed:
-            loaders = [
-                with_distributed_sampler(loader, self.prefix, trainer.world_size, trainer.global_rank, overfitting)
-                for loader in loaders
-            ]
+        loaders = [sampled(loader, self.prefix, trainer, fitting) for loader in loaders]
         counted_before = self.logged_batches if self.loaders is not None else []
         self.loaders = loaders
         counts = [num_batches(loader, self.limit, self.prefix) for loader in loaders]

@@ -36,7 +36,7 @@ from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
 from gpulayer.trainer.results import ResultCollection
-from gpulayer.trainer.samplers import set_sampler_epoch, with_distributed_sampler, without_shuffling
+from gpulayer.trainer.samplers import sampled, set_sampler_epoch
 from gpulayer.trainer.sync_decisions import SyncDecisions
 
 if TYPE_CHECKING:
@@ -147,12 +147,7 @@ class FitLoop:
         if (self.loader is not None and not reload) or args.limit_train_batches == 0:
             return
         (loader,) = as_loader_list(self.source.request(self.hooks, trainer.global_rank), "train")
-        overfitting = args.overfit_batches > 0
-        if overfitting:
-            loader = without_shuffling(loader, "train")
-        if args.use_distributed_sampler and trainer.strategy.is_distributed:
-            loader = with_distributed_sampler(loader, "train", trainer.world_size, trainer.global_rank, overfitting)
-        self.loader = loader
+        self.loader = loader = sampled(loader, "train", trainer, fitting=True)
         count = num_batches(loader, args.limit_train_batches, "train")
         (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
         if self.epochs_processed == 0 and self.resume is None:

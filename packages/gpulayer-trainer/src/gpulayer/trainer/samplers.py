@@ -13,7 +13,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
@@ -25,6 +25,9 @@ from torch.utils.data import (
     Sampler,
     SequentialSampler,
 )
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
 
 
 def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int, overfitting: bool = False) -> Any:
@@ -46,6 +49,18 @@ def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int
     return _rebuilt(loader, sampler, stage)
 
 
+def sampled(loader: Any, stage: str, trainer: Trainer, fitting: bool) -> Any:
+    """The loader a stage reads: in order under ``overfit_batches`` while fitting, and this rank's share under a
+    distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``)."""
+    args = trainer.args
+    overfitting = args.overfit_batches > 0
+    if overfitting and fitting:
+        loader = without_shuffling(loader, stage)
+    if args.use_distributed_sampler and trainer.strategy.is_distributed:
+        loader = with_distributed_sampler(loader, stage, trainer.world_size, trainer.global_rank, overfitting)
+    return loader
+
+
 def without_shuffling(loader: Any, stage: str) -> Any:
     """``overfit_batches``: a DataLoader that does not read its dataset in order is remade with a
     ``SequentialSampler``, so every epoch sees the same batches (Lightning's ``_resolve_overfit_batches``)."""
@@ -57,7 +72,7 @@ def without_shuffling(loader: Any, stage: str) -> Any:
         f"overfit_batches: the {stage} loader shuffles; it is remade with a SequentialSampler so that every epoch "
         "trains on the same batches",
         UserWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
     advice = "give overfit_batches a loader that reads its dataset in order"
     return _rebuilt(loader, SequentialSampler(loader.dataset), stage, "a SequentialSampler", advice)

@@ -7,6 +7,7 @@
 # machine's image), with GPUlayer's wheels built beforehand where `build` and hatchling are installed:
 #   bash tools/gpu_check.sh --build-wheels dist       # here
 #   GPULAYER_WHEELS=dist bash tools/gpu_check.sh      # there: installs dist/*.whl, without their dependencies
+# GPULAYER_BENCH_ARGS passes options to the comparison (`--quick` fits a 15-minute device lease).
 # Figures land in $OUT (default /tmp/gpulayer-gpu). It fails when a step fails, and when torch sees no GPU: a run
 # whose cuda tests skipped or whose comparison left out its GPU rows checked nothing.
 set -euo pipefail
@@ -36,7 +37,8 @@ else
     python=.nox/bench/bin/python
 fi
 # No --guard: the baseline holds the 2-core CPU machine's ratios, which another machine's CPU rows need not match.
-"$python" benchmarks/lightning_comparison/compare.py --out "$out" 2>&1 | tee "$out/bench.log" || status=$?
+# shellcheck disable=SC2086  # the options are words
+"$python" benchmarks/lightning_comparison/compare.py ${GPULAYER_BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" || status=$?
 "$python" -c "import json, sys; skipped = json.load(open('$out/results.json'))['cuda_skipped']; \
 sys.exit(f'the comparison left out its GPU rows: {skipped}' if skipped else 0)" || status=$?
 "$python" benchmarks/prefetch/prefetch_speedup.py --out "$out" 2>&1 | tee "$out/prefetch.log" || status=$?

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
 from gpulayer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from gpulayer.callbacks.model_checkpoint import ModelCheckpoint
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -413,3 +414,19 @@ def test_an_unknown_mode_is_rejected_with_lightnings_message():
     with pytest.raises(ValueError) as ours:
         EarlyStopping("val_loss", mode="maximum")
     assert str(ours.value) == str(theirs.value) == "`mode` can be min, max, got maximum"
+
+
+def test_the_trainer_lists_its_early_stopping_callbacks_as_lightning_does(tmp_path):
+    with _lightning_quiet("lightning"):
+        theirs = pl.Trainer(
+            callbacks=[LightningEarlyStopping("a"), LightningEarlyStopping("b")],
+            logger=False,
+            default_root_dir=tmp_path,
+        )
+    ours = gl.Trainer(
+        callbacks=[EarlyStopping("a"), ModelCheckpoint(dirpath=tmp_path), EarlyStopping("b")],
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    assert [c.monitor for c in ours.early_stopping_callbacks] == [c.monitor for c in theirs.early_stopping_callbacks]
+    assert ours.early_stopping_callback.monitor == theirs.early_stopping_callback.monitor == "a"

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.callbacks.model_checkpoint import ModelCheckpoint
-from gpulayer.trainer import Module, Trainer
+from gpulayer.trainer import Callback, Module, Trainer
 
 FRAMEWORKS = ("lightning", "gpulayer")
 DOWN_UP = [0.5, 0.3, 0.4, 0.2]
@@ -465,6 +465,42 @@ def test_save_on_exception_saves_the_step_and_last(tmp_path):
         snapshots[framework] = _snapshot(built[0], root)
     assert snapshots["gpulayer"] == snapshots["lightning"]
     assert _names(snapshots["gpulayer"]) == ["epoch=0-step=5.ckpt", "epoch=1-step=7.ckpt", "last.ckpt"]
+
+
+def test_an_exception_in_on_fit_end_reaches_on_exception_and_saves_as_lightning_does(tmp_path):
+    files, heard = {}, {}
+    for framework in FRAMEWORKS:
+        if framework == "lightning":
+            import lightning.pytorch as pl
+            from lightning.pytorch.callbacks import ModelCheckpoint as Checkpoint
+
+            callback_base, base, trainer_class = pl.Callback, pl.LightningModule, pl.Trainer
+            extra = dict(enable_progress_bar=False, enable_model_summary=False)
+        else:
+            callback_base, base, trainer_class, Checkpoint, extra = Callback, Module, Trainer, ModelCheckpoint, {}
+
+        class FailsAtFitEnd(callback_base):
+            def __init__(self):
+                self.exceptions = []
+
+            def on_fit_end(self, trainer, pl_module):
+                raise RuntimeError("fails in on_fit_end")
+
+            def on_exception(self, trainer, pl_module, exception):
+                self.exceptions.append(str(exception))
+
+        failing = FailsAtFitEnd()
+        checkpoint = Checkpoint(dirpath=tmp_path / framework / "ckpt", save_on_exception=True, save_top_k=0)
+        trainer = _lightning(
+            trainer_class, accelerator="cpu", max_epochs=1, logger=False, callbacks=[failing, checkpoint],
+            default_root_dir=tmp_path / framework, **extra,
+        )  # fmt: skip
+        with pytest.raises(RuntimeError, match="fails in on_fit_end"):
+            _lightning(trainer.fit, _module_class(base)(), _loaders()[0])
+        files[framework] = sorted(path.name for path in (tmp_path / framework / "ckpt").iterdir())
+        heard[framework] = (failing.exceptions, trainer.interrupted)
+    assert files["gpulayer"] == files["lightning"] and files["gpulayer"]
+    assert heard["gpulayer"] == heard["lightning"] == (["fails in on_fit_end"], True)
 
 
 def _lightning_class():

@@ -257,42 +257,6 @@ def test_resuming_past_max_epochs_is_refused_as_in_lightning(tmp_path, max_epoch
     assert outcomes["gpulayer"] == outcomes["lightning"] == (("refused", True) if refused else ("trained on", 12))
 
 
-def test_an_exception_in_on_fit_end_reaches_on_exception_and_saves_as_lightning_does(tmp_path):
-    from gpulayer.callbacks import ModelCheckpoint
-
-    files, heard = {}, {}
-    for name in ("lightning", "gpulayer"):
-        with warnings.catch_warnings():
-            framework = _lightning() if name == "lightning" else gl
-            callback_base = framework.Callback
-            checkpoint_class = framework.callbacks.ModelCheckpoint if name == "lightning" else ModelCheckpoint
-            base = framework.LightningModule if name == "lightning" else gl.Module
-
-            class FailsAtFitEnd(callback_base):
-                def __init__(self):
-                    self.exceptions = []
-
-                def on_fit_end(self, trainer, pl_module):
-                    raise RuntimeError("fails in on_fit_end")
-
-                def on_exception(self, trainer, pl_module, exception):
-                    self.exceptions.append(str(exception))
-
-            failing = FailsAtFitEnd()
-            checkpoint = checkpoint_class(dirpath=tmp_path / name / "ckpt", save_on_exception=True, save_top_k=0)
-            extra = {"enable_progress_bar": False} if name == "lightning" else {}
-            trainer = framework.Trainer(
-                accelerator="cpu", max_epochs=1, logger=False, callbacks=[failing, checkpoint],
-                default_root_dir=tmp_path / name, **extra,
-            )  # fmt: skip
-            with pytest.raises(RuntimeError, match="fails in on_fit_end"):
-                trainer.fit(_regressor(base)(), DataLoader(_data(), batch_size=4))
-        files[name] = sorted(path.name for path in (tmp_path / name / "ckpt").iterdir())
-        heard[name] = (failing.exceptions, trainer.interrupted)
-    assert files["gpulayer"] == files["lightning"] and files["gpulayer"]
-    assert heard["gpulayer"] == heard["lightning"] == (["fails in on_fit_end"], True)
-
-
 def test_a_fitted_module_can_be_scripted_as_in_lightning(tmp_path):
     (_, their_model), (_, our_model) = _both(tmp_path, max_epochs=1)
     sample = torch.ones(2, 4)

@@ -455,13 +455,18 @@ def test_a_batch_off_the_cadence_logs_nothing_writes_nothing_and_reads_no_tensor
 def test_logging_on_a_gpu_never_waits_for_the_device(tmp_path):
     """``torch.tensor(value, device="cuda")`` would synchronise the stream; the monitor's hooks must not."""
 
+    def sync_debug_mode(mode):
+        with warnings.catch_warnings():  # its prototype warning, an error here, is raised after the mode is set
+            warnings.filterwarnings("ignore", "Synchronization debug mode is a prototype", UserWarning)
+            torch.cuda.set_sync_debug_mode(mode)
+
     class StrictMonitor(LearningRateMonitor):
         def _log(self, *args):
-            torch.cuda.set_sync_debug_mode("error")
+            sync_debug_mode("error")
             try:
                 super()._log(*args)
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                sync_debug_mode("default")
 
     monitor = StrictMonitor(log_momentum=True, log_weight_decay=True)
     trainer = gpulayer.Trainer(

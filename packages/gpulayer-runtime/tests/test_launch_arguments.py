@@ -1,11 +1,13 @@
 """Bad arguments to launch() and `gpulayer launch` are refused before any process starts."""
 
+import dataclasses
 from importlib.metadata import entry_points
 
 import pytest
 
 from gpulayer.runtime import launch
 from gpulayer.runtime.cli import COMMANDS_GROUP, main
+from gpulayer.runtime.launch import _shutdown_option
 
 
 @pytest.mark.parametrize(
@@ -68,3 +70,17 @@ def test_help_lists_the_commands_installed_distributions_add_and_refuses_unknown
         main(["no-such-command"])
     assert exited.value.code == 2
     assert "invalid choice: 'no-such-command' (choose from 'launch', 'env'" in capsys.readouterr().err
+
+
+def test_shutdown_timeout_reaches_torchs_launch_config_only_when_given():
+    from torch.distributed.launcher.api import LaunchConfig
+
+    @dataclasses.dataclass
+    class ConfigWithoutShutdownTimeout:  # the fields torch 2.11's LaunchConfig has, in short
+        min_nodes: int
+        max_nodes: int
+
+    assert _shutdown_option(LaunchConfig, None) == _shutdown_option(ConfigWithoutShutdownTimeout, None) == {}
+    assert _shutdown_option(LaunchConfig, 2.5) == {"shutdown_timeout": 2}
+    with pytest.raises(ValueError, match=r"shutdown_timeout=5: torch .*'s elastic agent has no shutdown timeout"):
+        _shutdown_option(ConfigWithoutShutdownTimeout, 5)

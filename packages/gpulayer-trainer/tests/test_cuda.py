@@ -224,6 +224,14 @@ def test_the_grad_scaler_state_is_checkpointed_and_restored(tmp_path):
     assert probe.scale == 2.0**15
 
 
+def _set_sync_debug_mode(mode: str) -> None:
+    """``torch.cuda.set_sync_debug_mode``, without its prototype warning (an error under this suite's settings, raised
+    after the mode is set)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Synchronization debug mode is a prototype", UserWarning)
+        torch.cuda.set_sync_debug_mode(mode)
+
+
 class NoSyncBetweenLogSteps(Callback):
     """From ``on_train_batch_start`` to ``on_train_batch_end`` of every batch that logs nothing, any host-device
     synchronisation raises (the log steps, every 4th, read the loss for the log line: they may sync)."""
@@ -233,11 +241,11 @@ class NoSyncBetweenLogSteps(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if (batch_idx + 1) % 4:
-            torch.cuda.set_sync_debug_mode("error")
+            _set_sync_debug_mode("error")
             self.guarded += 1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        torch.cuda.set_sync_debug_mode("default")
+        _set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])  # 16-mixed: GradScaler reads found_inf each step
@@ -256,7 +264,7 @@ def test_no_step_that_logs_nothing_waits_for_the_device(tmp_path, precision):
     try:
         trainer, _ = _fit(tmp_path, LogsANumberToo, precision=precision, log_every_n_steps=4, callbacks=[guard])
     finally:
-        torch.cuda.set_sync_debug_mode("default")
+        _set_sync_debug_mode("default")
     assert trainer.global_step == 16 and guard.guarded == 12
 
 

@@ -57,6 +57,33 @@ def test_prefetch_stops_its_thread_when_max_steps_ends_the_epoch_early(tmp_path)
     assert not [t for t in threading.enumerate() if t.name == "gpulayer-prefetch"]
 
 
+def test_prefetch_loads_with_one_intra_op_thread_and_leaves_other_threads_counts_alone(tmp_path):
+    import threading
+
+    class RecordsThreads(TensorDataset):
+        def __init__(self, *tensors):
+            super().__init__(*tensors)
+            self.seen = set()
+
+        def __getitem__(self, index):
+            self.seen.add((threading.current_thread().name, torch.get_num_threads()))
+            return super().__getitem__(index)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        data = RecordsThreads(*_data().tensors)
+        _fit(tmp_path, Regressor(), DataLoader(data, batch_size=4), max_epochs=2, prefetch=True, log_every_n_steps=0)
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert data.seen == {("MainThread", 2), ("gpulayer-prefetch", 1)}  # each epoch's first batch: the caller
+        assert (torch.get_num_threads(), later) == (2, [2])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_log_line_shows_epoch_step_loss_progress_bar_metrics_speed_and_time_left(tmp_path, capsys):
     _fit(tmp_path, Regressor(), DataLoader(_data(), batch_size=4), max_epochs=1, log_every_n_steps=5)
     lines = capsys.readouterr().out.strip().splitlines()

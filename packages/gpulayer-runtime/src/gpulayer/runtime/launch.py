@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -61,6 +62,8 @@ def launch(
 
     from gpulayer.runtime import worker
 
+    shutdown = _shutdown_option(LaunchConfig, shutdown_timeout)
+
     with ExitStack() as stack:
         # As torchrun: workers default to OMP_NUM_THREADS=1 when several share a node and the user set none.
         stack.enter_context(_worker_defaults({"OMP_NUM_THREADS": "1"} if nproc_per_node > 1 else {}))
@@ -86,7 +89,7 @@ def launch(
             monitor_interval=monitor_interval,
             start_method="spawn",
             local_addr=local_addr,
-            shutdown_timeout=None if shutdown_timeout is None else int(shutdown_timeout),
+            **shutdown,
         )
         if callable(target):
             entrypoint, entry_args = worker.run_callable, (target, *args)
@@ -136,6 +139,20 @@ def _check_intervals(monitor_interval: Any, shutdown_timeout: Any) -> None:
         raise ValueError(f"monitor_interval={monitor_interval!r}: expected a number of seconds above 0")
     if shutdown_timeout is not None and (not _is_seconds(shutdown_timeout) or not shutdown_timeout >= 0):
         raise ValueError(f"shutdown_timeout={shutdown_timeout!r}: expected None or a number of seconds, at least 0")
+
+
+def _shutdown_option(config_class: type, shutdown_timeout: float | None) -> dict[str, int]:
+    """``shutdown_timeout`` for torch's ``LaunchConfig``; left out when not given (torch 2.11, for one, lacks it)."""
+    if shutdown_timeout is None:
+        return {}
+    if "shutdown_timeout" not in {field.name for field in dataclasses.fields(config_class)}:
+        import torch
+
+        raise ValueError(
+            f"shutdown_timeout={shutdown_timeout!r}: torch {torch.__version__}'s elastic agent has no shutdown "
+            "timeout; leave it None (the agent's own default), or install a torch that has one"
+        )
+    return {"shutdown_timeout": int(shutdown_timeout)}
 
 
 def _is_seconds(value: Any) -> bool:

@@ -114,6 +114,54 @@ def test_torchmetrics_objects_log_as_in_lightning(tmp_path):
         torch.testing.assert_close(ours["weights"][name], tensor, rtol=0, atol=0)
 
 
+def _fit_saving_mid_epoch(framework, root, max_epochs=2, ckpt_path=None):
+    """Fit with two metrics' states made persistent, saving a checkpoint at batch 2 of epoch 1; returns the saved
+    ``state_dict``, the final ``callback_metrics`` and weights."""
+    is_ours = framework is gl
+    base, callback_base = (gl.Module, gl.Callback) if is_ours else (framework.LightningModule, framework.Callback)
+    path = root / "mid.ckpt"
+
+    class SavesMidEpoch(callback_base):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.current_epoch == 1 and batch_idx == 2 and ckpt_path is None:
+                trainer.save_checkpoint(path)
+
+    torch.manual_seed(0)
+    model = _classifier_class(base)()
+    model.train_accuracy.persistent(True)
+    model.mean_loss.persistent(True)
+    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=root)
+    options |= {} if is_ours else dict(enable_progress_bar=False, enable_model_summary=False)
+    trainer = framework.Trainer(max_epochs=max_epochs, callbacks=[SavesMidEpoch()], **options)
+    loader = DataLoader(_data(), batch_size=8)
+    trainer.fit(model, loader, loader, ckpt_path=ckpt_path)
+    return {
+        "saved": {name: tensor.tolist() for name, tensor in torch.load(path, weights_only=False)["state_dict"].items()},
+        "metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
+        "weights": model.layer.weight.tolist(),
+    }
+
+
+def test_metric_states_are_checkpointed_as_in_lightning_and_a_resumed_epoch_computes_over_all_its_batches(tmp_path):
+    # Lightning 2.6 keeps no logged-metric state in its loops' checkpoint state: a metric's states are in the file
+    # when the user makes them persistent (torchmetrics' are not by default), through the module's state_dict.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import lightning.pytorch as pl
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        theirs = _fit_saving_mid_epoch(pl, tmp_path / "lightning")
+    ours = _fit_saving_mid_epoch(gl, tmp_path / "gpulayer")
+    assert {"train_accuracy.tp", "mean_loss.mean_value"} <= set(ours["saved"])
+    assert not [name for name in ours["saved"] if name.startswith(("val_accuracy.", "max_loss."))]
+    assert ours["saved"] == theirs["saved"]
+    # GPUlayer resumes mid-epoch exactly (Lightning restarts the epoch's data): the restored states count the
+    # batches before the save, so the resumed epoch's values are those of an unbroken run.
+    unbroken = _fit_saving_mid_epoch(gl, tmp_path / "unbroken")
+    resumed = _fit_saving_mid_epoch(gl, tmp_path / "gpulayer", ckpt_path=tmp_path / "gpulayer" / "mid.ckpt")
+    assert resumed == unbroken
+
+
 class _Unattached(gl.Module):
     def __init__(self):
         super().__init__()

@@ -177,3 +177,64 @@ def test_a_datamodule_fits_from_datasets_and_loads_back_from_the_checkpoint(tmp_
     loaded = _datamodule_class(gl.DataModule).load_from_checkpoint(tmp_path / "run.ckpt", note="override")
     assert dict(loaded.hparams) == {"batch_size": 5, "note": "override"}
     assert loaded.batches_seen == datamodule.batches_seen == 8
+
+
+def test_precision_plugin_scaler_sampler_arguments_model_and_print_as_in_lightning(tmp_path, capsys):
+    with warnings.catch_warnings():
+        pl = _lightning()
+        cases = [{}, {"strategy": "ddp", "devices": 1}, {"precision": "bf16-mixed"}]
+        theirs = [pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **kw) for kw in cases]
+    ours = [gl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path, **kw) for kw in cases]
+    for our, their in zip(ours, theirs, strict=True):
+        assert our.distributed_sampler_kwargs == their.distributed_sampler_kwargs
+        assert our.scaler is their.scaler is None
+        assert our.precision_plugin is our.strategy.precision_plugin
+    assert ours[1].distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
+    assert ours[0].model is theirs[0].model is None
+    ours[0].print("shown", end="!")
+    theirs[0].print("also", end="!")
+    assert capsys.readouterr().out == "shown!also!"
+
+
+def _line_fitter(base):
+    class LineFitter(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return LineFitter
+
+
+def _model_seen_by_callbacks(framework, root) -> list:
+    """``trainer.model`` at ``on_train_start`` (its type, whether it is the module) and at ``on_train_end``."""
+    seen = []
+
+    class Records(framework.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen.extend([type(trainer.model).__name__, trainer.model is pl_module])
+
+        def on_train_end(self, trainer, pl_module):
+            seen.append(trainer.model is pl_module)
+
+    base = gl.Module if framework is gl else framework.LightningModule
+    extra = {} if framework is gl else {"enable_progress_bar": False, "enable_model_summary": False}
+    trainer = framework.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, callbacks=[Records()],
+        default_root_dir=root, **extra,
+    )  # fmt: skip
+    trainer.fit(_line_fitter(base)(), DataLoader(TensorDataset(torch.ones(8, 2), torch.ones(8, 1)), batch_size=4))
+    return seen
+
+
+def test_trainer_model_in_one_process_is_the_module_as_in_lightning(tmp_path):
+    # Under DDP on several ranks it is DDP's wrapper in both (trainer.strategy.model, tests/ddp); Lightning also
+    # wraps a single DDP process, GPUlayer does not (the porting guide says so).
+    with warnings.catch_warnings():
+        theirs = _model_seen_by_callbacks(_lightning(), tmp_path / "lightning")
+    assert _model_seen_by_callbacks(gl, tmp_path / "gpulayer") == theirs == ["LineFitter", True, True]

@@ -338,8 +338,9 @@ class Trainer:
         return self.strategy.strategy_name
 
     @property
-    def model(self) -> Module | None:
-        return self.lightning_module
+    def model(self) -> torch.nn.Module | None:
+        """Lightning's: what the steps run through (DDP's wrapper while ``fit`` trains), else the module."""
+        return self.strategy.model
 
     @property
     def precision(self) -> str:
@@ -419,6 +420,20 @@ class Trainer:
         lambda self: list(self.args.device_indices) if self.args.device_indices else list(range(self.num_devices))
     )
     is_global_zero = property(lambda self: self.runtime.global_rank == 0)
+    precision_plugin = property(lambda self: self.strategy.precision_plugin)
+    scaler = property(lambda self: self.strategy.precision_plugin.scaler)  # fp16's GradScaler, else None
+    # What a DistributedSampler of your own needs (Lightning's; None without a distributed strategy).
+    distributed_sampler_kwargs = property(
+        lambda self: (
+            {"num_replicas": self.world_size, "rank": self.global_rank} if self.strategy.is_distributed else None
+        )
+    )
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on each node's local rank 0 only (Lightning's)."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
     training = property(
         lambda self: self.state.stage == RunningStage.TRAINING, lambda self, on: self._stage(on, RunningStage.TRAINING)
     )

@@ -288,3 +288,59 @@ def test_to_onnx_needs_a_sample_input(tmp_path):
     with pytest.raises(ValueError, match="to_onnx: pass a sample input or set the module's example_input_array"):
         _regressor(gl.Module)().to_onnx(tmp_path / "model.onnx")
     assert not any(tmp_path.iterdir())
+
+
+def _worker_states(framework, base, root) -> list:
+    """Whether each loader's persistent workers are alive ("alive"), or it has no iterator ("none"), at the points
+    of a fit and a validate."""
+    data = TensorDataset(torch.ones(16, 2))
+    train, val = (DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True) for _ in range(2))
+
+    def state(loader):
+        iterator = getattr(loader, "_iterator", None)
+        return "none" if iterator is None else ("shut" if iterator._shutdown else "alive")
+
+    class Watched(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.layer(batch[0])
+
+        def on_validation_epoch_end(self):
+            self.seen.append(("validation end", state(train), state(val)))
+
+        def on_fit_end(self):
+            self.seen.append(("fit end", state(train), state(val)))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = Watched()
+    extra = {"enable_progress_bar": False, "enable_model_summary": False} if base is not gl.Module else {}
+    trainer = framework.Trainer(
+        accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
+        default_root_dir=root, **extra,
+    )  # fmt: skip
+    trainer.fit(model, train, val)
+    trainer.validate(model, val, verbose=False)
+    return [*model.seen, ("after validate", state(train), state(val))]
+
+
+def test_persistent_workers_stop_when_the_stage_ends_as_in_lightning(tmp_path):
+    with warnings.catch_warnings():
+        pl = _lightning()
+        theirs = _worker_states(pl, pl.LightningModule, tmp_path / "lightning")
+    ours = _worker_states(gl, gl.Module, tmp_path / "gpulayer")
+    assert ours == theirs
+    assert ours[1:] == [
+        ("validation end", "alive", "alive"),
+        ("fit end", "none", "none"),
+        ("validation end", "none", "alive"),
+        ("after validate", "none", "none"),
+    ]

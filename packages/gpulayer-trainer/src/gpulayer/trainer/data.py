@@ -10,10 +10,11 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.hooks import is_overridden
@@ -205,3 +206,13 @@ def reload_due(args: Any, current_epoch: int, loaded_at_epoch: int) -> bool:
     last requested (Lightning's ``_should_reload_train_dl`` and ``_should_reload_val_dl``)."""
     every = args.reload_dataloaders_every_n_epochs
     return bool(every) and current_epoch - loaded_at_epoch >= every
+
+
+def shut_down_workers(loaders: Iterable[Any]) -> None:
+    """A stage's end, as Lightning's: a DataLoader's persistent workers stop (its next iteration starts new ones)."""
+    for loader in loaders:
+        iterator = getattr(loader, "_iterator", None)
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()
+        if iterator is not None:
+            loader._iterator = None

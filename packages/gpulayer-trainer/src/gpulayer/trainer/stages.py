@@ -21,6 +21,7 @@ from gpulayer.trainer.checkpoint import (
     restore_modules_and_callbacks,
     restore_training_state,
 )
+from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
@@ -71,6 +72,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
         if datamodule is not None:
             datamodule.on_exception(error)
         strategy.teardown(trainer.optimizers)
+        shut_down_workers(_stage_loaders(trainer, stage))
         trainer.state.stage = None
         if isinstance(error, KeyboardInterrupt):
             raise SystemExit(1) from error  # Lightning's behaviour after its graceful shutdown
@@ -83,6 +85,7 @@ def _tear_down(trainer: Trainer, stage: str, hooks: Hooks, datamodule: DataModul
     """A finished stage: release DDP and the optimization, then ``on_fit_end`` and the ``teardown`` hooks."""
     trainer.fit_loop.optimization = None  # with DDP's wrapper (below), its gradient buckets are freed
     trainer.strategy.teardown(trainer.optimizers)
+    shut_down_workers(_stage_loaders(trainer, stage))
     trainer._logger_rows.finalize("success")
     if stage == "fit":
         hooks.both("on_fit_end")
@@ -97,6 +100,13 @@ _REMOVED_HOOKS = {
     "validation_epoch_end": "on_validation_epoch_end",
     "test_epoch_end": "on_test_epoch_end",
 }
+
+
+def _stage_loaders(trainer: Trainer, stage: str) -> list[Any]:
+    """The loaders ``stage`` iterated (fit: the train loader and the validation loaders)."""
+    loops = [trainer.validate_loop] if stage == "fit" else [_evaluation_loop(trainer, stage)]
+    loaders = [trainer.fit_loop.loader] if stage == "fit" else []
+    return loaders + [loader for loop in loops for loader in loop.loaders or []]
 
 
 def _evaluation_loop(trainer: Trainer, stage: str) -> EvaluationLoop:

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.callbacks.model_checkpoint import ModelCheckpoint
-from gpulayer.trainer import Callback, Module, Trainer
+from gpulayer.trainer import Callback, MisconfigurationException, Module, Trainer
 
 FRAMEWORKS = ("lightning", "gpulayer")
 DOWN_UP = [0.5, 0.3, 0.4, 0.2]
@@ -605,7 +605,7 @@ def test_a_missing_monitor_warns_before_validation_and_fails_after_it(tmp_path):
     with_validation = dict(checkpoints=[dict(monitor="nope")], module=dict(values=DOWN_UP), max_epochs=1)
     with pytest.raises(Exception, match="could not find the monitored key"):
         _lightning(_fit, "lightning", str(tmp_path / "lightning-val"), **with_validation)
-    with pytest.raises(RuntimeError, match="could not find the monitored key"):
+    with pytest.raises(MisconfigurationException, match="could not find the monitored key"):  # as Lightning
         _fit("gpulayer", str(tmp_path / "gpulayer-val"), **with_validation)
 
 

@@ -17,7 +17,8 @@ with warnings.catch_warnings():
 
 
 def _run(logger_class, save_dir, calls, prepare=None, **options):
-    """Makes ``calls`` on a fresh logger; returns its version, its log dir and every folder and file, under save_dir."""
+    """Makes ``calls`` on a fresh logger; returns its version, its log dir and every folder and file, under save_dir,
+    and its root dir (as given, relative to save_dir)."""
     os.makedirs(save_dir)
     if prepare:
         prepare(save_dir)
@@ -30,7 +31,7 @@ def _run(logger_class, save_dir, calls, prepare=None, **options):
         for name in names:
             with open(os.path.join(folder, name), "rb") as file:
                 files[os.path.relpath(os.path.join(folder, name), save_dir)] = file.read()
-    return logger.version, os.path.relpath(logger.log_dir, save_dir), files
+    return logger.version, os.path.relpath(logger.log_dir, save_dir), files, logger.root_dir.replace(str(save_dir), "")
 
 
 def _lightning(tmp_path, calls, prepare=None, **options):

@@ -238,3 +238,16 @@ def test_trainer_model_in_one_process_is_the_module_as_in_lightning(tmp_path):
     with warnings.catch_warnings():
         theirs = _model_seen_by_callbacks(_lightning(), tmp_path / "lightning")
     assert _model_seen_by_callbacks(gl, tmp_path / "gpulayer") == theirs == ["LineFitter", True, True]
+
+
+def test_strategy_remove_checkpoint_deletes_a_file_or_folder_as_in_lightning(tmp_path):
+    with warnings.catch_warnings():
+        theirs = _lightning().Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).strategy
+    ours = gl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path).strategy
+    for name, strategy in (("lightning", theirs), ("gpulayer", ours)):
+        file, folder = tmp_path / f"{name}.ckpt", tmp_path / f"{name}-sharded"
+        file.write_bytes(b"0")
+        (folder / "shard").mkdir(parents=True)
+        for path in (file, folder, tmp_path / f"{name}-never-written.ckpt"):
+            strategy.remove_checkpoint(path)
+        assert not file.exists() and not folder.exists()

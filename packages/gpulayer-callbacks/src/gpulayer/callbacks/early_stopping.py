@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from gpulayer.trainer import Callback
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class EarlyStopping(Callback):
         log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in self.mode_dict:  # Lightning's message, word for word
-            raise ValueError(f"`mode` can be {', '.join(self.mode_dict.keys())}, got {mode}")
+            raise MisconfiguredValueError(f"`mode` can be {', '.join(self.mode_dict.keys())}, got {mode}")
         _check_arguments(monitor, min_delta, patience, stopping_threshold, divergence_threshold)
         self.monitor = monitor
         self.patience = patience

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import Callback
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 
 class LearningRateMonitor(Callback):
@@ -28,7 +29,9 @@ class LearningRateMonitor(Callback):
 
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False, log_weight_decay: bool = False):
         if logging_interval not in (None, "step", "epoch"):
-            raise ValueError(f"logging_interval={logging_interval!r}: accepted values are 'step', 'epoch' or None")
+            raise MisconfiguredValueError(
+                f"logging_interval={logging_interval!r}: accepted values are 'step', 'epoch' or None"
+            )
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
@@ -40,7 +43,7 @@ class LearningRateMonitor(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning's fast_dev_run keeps a logger that discards everything; GPUlayer's has none to keep.
         if not trainer.loggers and not trainer.fast_dev_run:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. "
                 "Pass logger=True (the default) or a CSVLogger to the Trainer."
             )
@@ -143,7 +146,7 @@ def _group_names(base: str, optimizer: torch.optim.Optimizer, unnamed_per_class:
     group_names = [group.get("name", f"pg{index}") for index, group in enumerate(groups, start=1)]
     duplicates = {name for name in group_names if group_names.count(name) > 1}
     if duplicates:
-        raise ValueError(
+        raise MisconfiguredValueError(
             "A single `Optimizer` cannot have multiple parameter groups with identical "
             f"`name` values. {base} has duplicated parameter group names {duplicates}"
         )

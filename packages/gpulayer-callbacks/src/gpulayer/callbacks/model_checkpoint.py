@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import Checkpoint
+from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.yaml_dump import yaml_document
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class ModelCheckpoint(Checkpoint):
         enable_version_counter: bool = True,
     ) -> None:
         if mode not in ("min", "max"):
-            raise ValueError(f"mode={mode!r}: accepted values are 'min' and 'max'")
+            raise MisconfiguredValueError(f"mode={mode!r}: accepted values are 'min' and 'max'")
         if save_last not in (None, True, False, "link"):
             raise ValueError(f"save_last={save_last!r}: accepted values are None, True, False and 'link'")
         if train_time_interval is not None and not isinstance(train_time_interval, timedelta):
@@ -108,17 +109,17 @@ class ModelCheckpoint(Checkpoint):
             ("every_n_epochs", self._every_n_epochs, 0),
         ):
             if not isinstance(value, numbers.Real):
-                raise TypeError(f"{name}={value!r}: accepted values are ints >= {minimum}")
+                raise MisconfiguredTypeError(f"{name}={value!r}: accepted values are ints >= {minimum}")
             if value < minimum:
-                raise ValueError(f"{name}={value!r}: accepted values are ints >= {minimum}")
+                raise MisconfiguredValueError(f"{name}={value!r}: accepted values are ints >= {minimum}")
         triggers = (self._every_n_train_steps >= 1, self._every_n_epochs >= 1, self._train_time_interval is not None)
         if sum(triggers) > 1:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"every_n_train_steps={self._every_n_train_steps}, every_n_epochs={self._every_n_epochs} and "
                 f"train_time_interval={self._train_time_interval}: set at most one of them"
             )
         if self.monitor is None and self.save_top_k not in (-1, 0, 1):
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"save_top_k={self.save_top_k} with monitor=None: without a monitored quantity there is no top "
                 "k to keep; use -1 (keep all), 0 (none) or 1 (the newest)"
             )
@@ -314,7 +315,7 @@ class ModelCheckpoint(Checkpoint):
                 f"metrics: {list(candidates)}. HINT: Did you call `log({self.monitor!r}, value)` in the module?"
             )
             if self._validation_has_run:
-                raise RuntimeError(message)
+                raise MisconfiguredValueError(message)
             if not self._warned_missing_monitor:
                 warnings.warn(message, UserWarning, stacklevel=2)
                 self._warned_missing_monitor = True

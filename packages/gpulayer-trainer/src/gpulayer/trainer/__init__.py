@@ -6,6 +6,7 @@ from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.ddp import DDPStrategy
+from gpulayer.trainer.exceptions import MisconfigurationException, PossibleUserWarning
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.strategy import SingleDeviceStrategy, Strategy
@@ -20,8 +21,10 @@ __all__ = [
     "Checkpoint",
     "DDPStrategy",
     "DataModule",
+    "MisconfigurationException",
     "Module",
     "NonFiniteLossError",
+    "PossibleUserWarning",
     "SingleDeviceStrategy",
     "Strategy",
     "Trainer",

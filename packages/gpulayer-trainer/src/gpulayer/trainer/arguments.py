@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.precision import resolve_precision
 from gpulayer.trainer.strategy_names import check_strategy
 
@@ -216,7 +217,7 @@ _UNADOPTED = {
 def _refuse_unadopted(**given: Any) -> None:
     for name, value in given.items():
         if value is not None:
-            raise ValueError(f"{name}={value!r}: {_UNADOPTED[name]} (accepted: None)")
+            raise MisconfiguredValueError(f"{name}={value!r}: {_UNADOPTED[name]} (accepted: None)")
 
 
 def _check_barebones(**given: Any) -> None:
@@ -233,7 +234,7 @@ def _check_barebones(**given: Any) -> None:
     }
     for name, on in turned_on.items():
         if on:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"barebones=True with {name}={given[name]!r}: barebones mode turns off everything that may cost "
                 "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection); "
                 f"drop {name} or barebones"
@@ -267,7 +268,9 @@ def _accelerator(value: Any) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ValueError(f"accelerator={value!r}: no CUDA GPU is available on this machine; use 'cpu' or 'auto'")
+        raise MisconfiguredValueError(
+            f"accelerator={value!r}: no CUDA GPU is available on this machine; use 'cpu' or 'auto'"
+        )
     return "cuda" if name == "gpu" else name
 
 
@@ -287,15 +290,15 @@ def _devices(value: Any, accelerator: str) -> tuple[int, ...] | None:
     if isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or (gpu and value == -1)):
         indices = list(range(torch_gpu_count() if value == -1 else value))
     elif isinstance(value, int) and not isinstance(value, bool) and value == 0:
-        raise ValueError(f"devices={value!r}: must be at least 1 (accepted: {accepted})")
+        raise MisconfiguredValueError(f"devices={value!r}: must be at least 1 (accepted: {accepted})")
     elif gpu and isinstance(value, (list, tuple)) and value and all(isinstance(i, int) for i in value):
         indices = list(value)
     elif gpu and isinstance(value, str) and "," in value:
         indices = [int(part) for part in value.split(",") if part.strip()]
     else:
-        raise TypeError(f"devices={value!r}: accepted values are {accepted}")
+        raise MisconfiguredTypeError(f"devices={value!r}: accepted values are {accepted}")
     if gpu and (len(set(indices)) != len(indices) or not all(0 <= i < torch_gpu_count() for i in indices)):
-        raise ValueError(f"devices={value!r}: GPU indices must be distinct and below {torch_gpu_count()}")
+        raise MisconfiguredValueError(f"devices={value!r}: GPU indices must be distinct and below {torch_gpu_count()}")
     return tuple(indices)
 
 
@@ -310,7 +313,7 @@ def _fast_dev_run(value: Any) -> int:
         return int(value)
     if isinstance(value, int) and value >= 0:
         return value
-    raise ValueError(f"fast_dev_run={value!r}: accepted values are True, False or an int >= 0")
+    raise MisconfiguredValueError(f"fast_dev_run={value!r}: accepted values are True, False or an int >= 0")
 
 
 def _limit(name: str, value: Any) -> int | float:
@@ -318,14 +321,14 @@ def _limit(name: str, value: Any) -> int | float:
     if value is None:
         return 1.0
     if isinstance(value, bool):
-        raise TypeError(f"{name}={value!r}: accepted values are an int >= 0 or a float in [0.0, 1.0]")
+        raise MisconfiguredTypeError(f"{name}={value!r}: accepted values are an int >= 0 or a float in [0.0, 1.0]")
     if isinstance(value, int) and value >= 0:
         return value
     if isinstance(value, float) and 0.0 <= value <= 1.0:
         return value
     if isinstance(value, float) and value > 1.0 and value.is_integer():
         return int(value)
-    raise ValueError(
+    raise MisconfiguredValueError(
         f"{name}={value!r}: accepted values are an int >= 0 (batches) or a float in [0.0, 1.0] (a fraction)"
     )
 
@@ -342,17 +345,19 @@ def _val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int 
     if isinstance(value, (str, dict, timedelta)):
         return _duration("val_check_interval", value, strict=False)
     if isinstance(value, bool):
-        raise TypeError(f"val_check_interval={value!r}: accepted values are an int, a float in [0, 1] or a duration")
+        raise MisconfiguredTypeError(
+            f"val_check_interval={value!r}: accepted values are an int, a float in [0, 1] or a duration"
+        )
     if isinstance(value, int):
         return _int_at_least("val_check_interval", value, 1)
     if isinstance(value, float) and 0.0 <= value <= 1.0:
         if check_val_every_n_epoch is None and value != 1.0:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"val_check_interval={value!r} with check_val_every_n_epoch=None: a fraction of an epoch needs an "
                 "epoch; give val_check_interval as an int (batches) instead"
             )
         return value
-    raise ValueError(
+    raise MisconfiguredValueError(
         f"val_check_interval={value!r}: accepted values are an int (batches), a float in [0.0, 1.0] (a fraction of "
         "the epoch), or a duration ('DD:HH:MM:SS', a dict of timedelta arguments, a timedelta)"
     )
@@ -371,22 +376,24 @@ def _duration(name: str, value: Any, *, strict: bool) -> timedelta:
         try:
             return timedelta(**value)
         except TypeError as error:
-            raise ValueError(f"{name}={value!r}: {error}; accepted: {accepted}") from None
+            raise MisconfiguredValueError(f"{name}={value!r}: {error}; accepted: {accepted}") from None
     if isinstance(value, str):
         match = _MAX_TIME.match(value) if strict else re.match(r"^(\d+):(\d+):(\d+):(\d+)$", value)
         if match:
             days, hours, minutes, seconds = map(int, match.groups())
             return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    raise ValueError(f"{name}={value!r}: accepted values are {accepted}")
+    raise MisconfiguredValueError(f"{name}={value!r}: accepted values are {accepted}")
 
 
 def _gradient_clip_val(value: Any) -> int | float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"gradient_clip_val={value!r}: accepted values are None or a number (0 means no clipping)")
+        raise MisconfiguredTypeError(
+            f"gradient_clip_val={value!r}: accepted values are None or a number (0 means no clipping)"
+        )
     if value < 0:
-        raise ValueError(f"gradient_clip_val={value!r}: must be >= 0 (0 or None means no clipping)")
+        raise MisconfiguredValueError(f"gradient_clip_val={value!r}: must be >= 0 (0 or None means no clipping)")
     return value
 
 
@@ -400,26 +407,26 @@ def _root_dir(value: Any) -> str:
     if value is None:
         return os.getcwd()
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"default_root_dir={value!r}: accepted values are None or a path")
+        raise MisconfiguredTypeError(f"default_root_dir={value!r}: accepted values are None or a path")
     return os.path.normpath(os.path.abspath(os.path.expanduser(os.fspath(value))))
 
 
 def _int_at_least(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r}: accepted values are ints >= {minimum}")
+        raise MisconfiguredTypeError(f"{name}={value!r}: accepted values are ints >= {minimum}")
     if value < minimum:
-        raise ValueError(f"{name}={value!r}: accepted values are ints >= {minimum}")
+        raise MisconfiguredValueError(f"{name}={value!r}: accepted values are ints >= {minimum}")
     return value
 
 
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r}: accepted values are True or False")
+        raise MisconfiguredTypeError(f"{name}={value!r}: accepted values are True or False")
     return value
 
 
 def _choice(name: str, value: Any, accepted: tuple) -> Any:
     """``value`` if it is one of ``accepted``, of the same type (so ``1`` is not ``True``)."""
     if not any(type(value) is type(option) and value == option for option in accepted):
-        raise ValueError(f"{name}={value!r}: accepted values are {', '.join(map(repr, accepted))}")
+        raise MisconfiguredValueError(f"{name}={value!r}: accepted values are {', '.join(map(repr, accepted))}")
     return value

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.preemption import hpc_resume_path, is_restart
 
@@ -112,7 +113,7 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
     loop = trainer.fit_loop
     loop.load_state_dict(checkpoint["loops"]["fit_loop"])
     if loop.max_epochs != -1 and loop.epochs_completed > loop.max_epochs:  # Lightning's check, and its strict ">"
-        raise ValueError(
+        raise MisconfiguredValueError(
             f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint is at current_epoch={loop.epochs_completed}, past "
             f"max_epochs={loop.max_epochs}; raise max_epochs to train on from it"
         )

@@ -40,6 +40,11 @@ class CSVLogger:
             self._version = runtime.broadcast(self.version if runtime.is_global_zero else None)
 
     @property
+    def root_dir(self) -> str:
+        """The folder holding every version of this experiment (``save_dir/name``)."""
+        return os.path.join(self.save_dir, self.name)
+
+    @property
     def log_dir(self) -> str:
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.join(self.save_dir, self.name, version)

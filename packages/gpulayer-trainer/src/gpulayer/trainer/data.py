@@ -17,6 +17,7 @@ import torch
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_workers_of
@@ -47,7 +48,9 @@ class DataSource:
         if self.given is not None:
             loaders = self.given
         elif self.owner is None:
-            raise ValueError(f"no {self.hook.removesuffix('_dataloader')} data: pass loaders or define {self.hook}()")
+            raise MisconfiguredValueError(
+                f"no {self.hook.removesuffix('_dataloader')} data: pass loaders or define {self.hook}()"
+            )
         elif isinstance(self.owner, Module):
             loaders = hooks.module(self.hook)
         else:
@@ -90,13 +93,13 @@ def num_batches(loader: Any, limit: int | float, stage: str) -> int | float:
     elif length != math.inf:
         count = int(length * limit)
     elif limit != 1.0:
-        raise ValueError(
+        raise MisconfiguredValueError(
             f"limit_{stage}_batches={limit!r}: a loader without a length needs 1.0 or an int (a number of batches)"
         )
     else:
         count = length
     if count == 0 and isinstance(limit, float) and limit > 0.0 and length != math.inf:
-        raise ValueError(
+        raise MisconfiguredValueError(
             f"limit_{stage}_batches={limit!r} of {length} batches is less than one batch; "
             f"use at least limit_{stage}_batches={1.0 / length}"
         )

@@ -10,6 +10,7 @@ from typing import Any
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.timer import Timer
 
@@ -20,7 +21,7 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
     check_state_keys(callbacks)
     checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
     if checkpoints and not args.enable_checkpointing:
-        raise ValueError(
+        raise MisconfiguredValueError(
             "enable_checkpointing=False but callbacks holds a checkpoint callback "
             f"({type(checkpoints[0]).__name__}); remove one of them"
         )

@@ -32,6 +32,7 @@ from gpulayer.trainer.data import (
     stop_together,
 )
 from gpulayer.trainer.evaluation_loop import validates_in_epoch
+from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
@@ -169,10 +170,14 @@ class FitLoop:
                 )
         elif self.max_batches == math.inf:
             if interval != 1.0:
-                raise ValueError(f"val_check_interval={interval!r}: a loader without a length needs 1.0 or an int")
+                raise MisconfiguredValueError(
+                    f"val_check_interval={interval!r}: a loader without a length needs 1.0 or an int"
+                )
             self.val_check_batch = math.inf
         else:
             self.val_check_batch = max(1, int(self.max_batches * interval))
+        if self.max_batches < args.log_every_n_steps and trainer.loggers and not args.fast_dev_run:
+            _warn_too_few_batches_to_log(self.max_batches, args.log_every_n_steps, trainer.is_global_zero)
 
     # ---- the run -----------------------------------------------------------------------------------------------
     def sanity_check(self) -> None:
@@ -450,3 +455,15 @@ class FitLoop:
             return
         count = (self.batch_idx if interval == "step" else self.epochs_completed) + 1
         step_schedulers(configs, interval, count, self.hooks, lambda: self.trainer.callback_metrics, plateau)
+
+
+def _warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is_global_zero: bool) -> None:
+    """Lightning's warning (on global rank 0): no row of the logger would come from this epoch's steps."""
+    if is_global_zero:
+        warnings.warn(
+            f"The number of training batches ({batches}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={log_every_n_steps}). Set a lower value for log_every_n_steps if you want "
+            "to see logs for the training epoch.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.model_hooks import DataHooks, ModelHooks
 from gpulayer.trainer.results import Meta, log_levels, reduction
@@ -207,7 +208,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         if metric is None:
             on_step, on_epoch = log_levels(fx, on_step, on_epoch)
             if add_dataloader_idx and "/dataloader_idx_" in name:
-                raise ValueError(
+                raise MisconfiguredValueError(
                     f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when "
                     "add_dataloader_idx=True"
                 )
@@ -293,7 +294,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         found = attributes.get(id(metric))
         if found is None:
             known = sorted(attributes.values())
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"self.log({name!r}, <{type(metric).__name__}>): the metric is not an attribute of "
                 f"{type(self).__name__}" + (f" (its metrics: {known})" if known else "") + "; set it as one in "
                 "__init__ (self.accuracy = Accuracy(...)), or pass metric_attribute= naming the attribute"
@@ -396,7 +397,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         if gradient_clip_val is None:
             gradient_clip_val = trainer_val or 0.0
         elif trainer_val is not None and trainer_val != gradient_clip_val:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"clip_gradients(gradient_clip_val={gradient_clip_val!r}) conflicts with "
                 f"Trainer(gradient_clip_val={trainer_val!r}); set only one of them"
             )
@@ -405,12 +406,12 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         else:
             gradient_clip_algorithm = gradient_clip_algorithm.lower()
             if trainer_algorithm is not None and trainer_algorithm != gradient_clip_algorithm:
-                raise ValueError(
+                raise MisconfiguredValueError(
                     f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) conflicts with "
                     f"Trainer(gradient_clip_algorithm={trainer_algorithm!r}); set only one of them"
                 )
         if gradient_clip_algorithm not in ("norm", "value"):
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"gradient_clip_algorithm={gradient_clip_algorithm!r}: accepted values are 'norm', 'value'"
             )
         if gradient_clip_val <= 0:

@@ -19,6 +19,7 @@ from gpulayer.runtime import CollectiveError
 from gpulayer.runtime.collectives import is_transport_failure
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.evaluation_loop import takes_batch_idx
+from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import ScaledOptimizer
@@ -146,7 +147,9 @@ class AutomaticOptimization:
             return output, {}
         if isinstance(output, dict):
             if output.get("loss") is None:
-                raise ValueError('training_step returned a dict without "loss"; automatic optimization needs it')
+                raise MisconfiguredValueError(
+                    'training_step returned a dict without "loss"; automatic optimization needs it'
+                )
             extra = {k: map_tensors(v, torch.Tensor.detach) for k, v in output.items() if k != "loss"}
             return output["loss"], extra
         if output is None:
@@ -159,7 +162,7 @@ class AutomaticOptimization:
                     stacklevel=2,
                 )
             return None, {}
-        raise TypeError(
+        raise MisconfiguredTypeError(
             f"training_step returned {type(output).__name__}; automatic optimization accepts a tensor (the loss), "
             'a dict with "loss", or None (skip the batch)'
         )

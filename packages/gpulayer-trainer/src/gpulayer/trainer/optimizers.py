@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 
+from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
+
 if TYPE_CHECKING:
     from gpulayer.trainer.hooks import Hooks
 
@@ -65,7 +67,7 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[L
     configs = [_scheduler_config(scheduler, monitor) for scheduler in schedulers]
     for config in configs:
         if getattr(config.scheduler, "optimizer", None) not in optimizers:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f"configure_optimizers returned the scheduler {type(config.scheduler).__name__} for an optimizer it "
                 "did not return"
             )
@@ -100,7 +102,9 @@ def _split(returned: Any) -> tuple[list, list, str | None]:
         return [d["optimizer"] for d in returned], schedulers, None
     if isinstance(returned, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in returned):
         return list(returned), [], None
-    raise TypeError(f"configure_optimizers returned {type(returned).__name__}; accepted return values are {_FORMS}")
+    raise MisconfiguredTypeError(
+        f"configure_optimizers returned {type(returned).__name__}; accepted return values are {_FORMS}"
+    )
 
 
 def _check_keys(entry: dict) -> None:
@@ -115,7 +119,7 @@ def _check_keys(entry: dict) -> None:
 
 def _require_optimizer(entry: dict) -> None:
     if not isinstance(entry.get("optimizer"), torch.optim.Optimizer):
-        raise TypeError(
+        raise MisconfiguredTypeError(
             f'configure_optimizers returned a dict without an optimizer under "optimizer"; accepted: {_FORMS}'
         )
 
@@ -132,15 +136,15 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
             )
         entry = {k: v for k, v in scheduler.items() if k in known}
         if "scheduler" not in entry:
-            raise ValueError('configure_optimizers: the lr scheduler dict needs the key "scheduler"')
+            raise MisconfiguredValueError('configure_optimizers: the lr scheduler dict needs the key "scheduler"')
         if entry.get("interval", "epoch") not in ("step", "epoch"):
-            raise ValueError(
+            raise MisconfiguredValueError(
                 f'configure_optimizers: the lr scheduler dict\'s "interval" is {entry["interval"]!r}; '
                 'accepted values are "step" and "epoch"'
             )
         entry.setdefault("reduce_on_plateau", isinstance(entry["scheduler"], ReduceLROnPlateau))
         if entry["reduce_on_plateau"] and entry.get("monitor") is None:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 'configure_optimizers: a ReduceLROnPlateau scheduler dict needs a "monitor" key inside the '
                 'scheduler dict, e.g. {"scheduler": plateau, "monitor": "val_loss"}'
             )
@@ -153,7 +157,7 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
         config = LRSchedulerConfig(**entry)
     elif isinstance(scheduler, ReduceLROnPlateau):
         if monitor is None:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 'configure_optimizers: a ReduceLROnPlateau scheduler needs a "monitor", e.g. return '
                 '{"optimizer": opt, "lr_scheduler": plateau, "monitor": "val_loss"}'
             )
@@ -161,7 +165,9 @@ def _scheduler_config(scheduler: Any, monitor: str | None) -> LRSchedulerConfig:
     else:
         config = LRSchedulerConfig(scheduler)
     if not isinstance(config.frequency, int) or isinstance(config.frequency, bool) or config.frequency < 1:
-        raise ValueError(f'configure_optimizers: the lr scheduler "frequency" is {config.frequency!r}; use an int >= 1')
+        raise MisconfiguredValueError(
+            f'configure_optimizers: the lr scheduler "frequency" is {config.frequency!r}; use an int >= 1'
+        )
     return config
 
 
@@ -185,7 +191,7 @@ def step_schedulers(
             metric = logged.get(config.monitor)
             if metric is None:
                 if config.strict:
-                    raise RuntimeError(
+                    raise MisconfiguredValueError(
                         f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; "
                         f"logged metrics: {sorted(logged)}. Set the scheduler dict's 'monitor' to one of them."
                     )

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpulayer.trainer.batch import batch_size_of
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 DATALOADER_SUFFIX = "/dataloader_idx_{}"
 _STEP, _EVAL_STEP, _EPOCH_ONLY = ((True, False), True), ((False, True), True), ((False, True), False)
@@ -88,9 +89,13 @@ def log_levels(fx: str | None, on_step: bool | None, on_epoch: bool | None) -> t
     on_step = default_step if on_step is None else on_step
     on_epoch = default_epoch if on_epoch is None else on_epoch
     if not free and (on_step, on_epoch) != (False, True):
-        raise ValueError(f"self.log in {fx} accepts only on_step=False, on_epoch=True (got {on_step}, {on_epoch})")
+        raise MisconfiguredValueError(
+            f"self.log in {fx} accepts only on_step=False, on_epoch=True (got {on_step}, {on_epoch})"
+        )
     if not on_step and not on_epoch:
-        raise ValueError(f"self.log in {fx} with on_step=False and on_epoch=False records nothing; set one of them")
+        raise MisconfiguredValueError(
+            f"self.log in {fx} with on_step=False and on_epoch=False records nothing; set one of them"
+        )
     return bool(on_step), bool(on_epoch)
 
 
@@ -99,7 +104,7 @@ def reduction(reduce_fx: Any) -> str:
     try:
         return _REDUCTIONS[key]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise MisconfiguredValueError(
             f"reduce_fx={reduce_fx!r}: accepted values are 'mean' (or 'avg'), 'sum', 'max', 'min' and the matching "
             "torch or builtin functions"
         ) from None
@@ -254,7 +259,9 @@ class ResultCollection(dict):
         if metric is None:
             metric = self[key] = LoggedTorchMetric(meta) if torchmetric else Metric(meta)
         elif metric.meta != meta or isinstance(metric, LoggedTorchMetric) != torchmetric:
-            raise ValueError(f"self.log({meta.name!r}, ...) was called twice in {meta.fx} with different arguments")
+            raise MisconfiguredValueError(
+                f"self.log({meta.name!r}, ...) was called twice in {meta.fx} with different arguments"
+            )
         return metric
 
     def log(self, metric: Metric | LoggedTorchMetric, value: Any, batch_size: int | None) -> None:

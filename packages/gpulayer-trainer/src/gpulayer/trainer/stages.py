@@ -23,6 +23,7 @@ from gpulayer.trainer.checkpoint import (
 )
 from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError, MisconfiguredValueError
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
@@ -121,20 +122,26 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
             raise NotImplementedError(f"{name}.{removed} was removed in Lightning 2.0; use {new}")
     if stage == "fit":
         if not is_overridden("training_step", module, Module):
-            raise NotImplementedError(f"{name} must define training_step() to fit")
+            raise MisconfiguredNotImplementedError(f"{name} must define training_step() to fit")
+        if not is_overridden("configure_optimizers", module, Module):
+            raise MisconfiguredNotImplementedError(
+                f"{name} must define configure_optimizers() to fit (it may return None to train without an optimizer)"
+            )
         if not module.automatic_optimization:
             raise NotImplementedError(f"{name}.automatic_optimization=False: manual optimization is not supported yet")
         if not trainer.fit_loop.source.is_defined():
-            raise ValueError(
+            raise MisconfiguredValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
     step = {"validate": "validation_step", "test": "test_step"}.get(stage)
     if step is not None and not is_overridden(step, module, Module):
-        raise NotImplementedError(f"{stage}: {name} does not define {step}()")
+        raise MisconfiguredNotImplementedError(f"{stage}: {name} does not define {step}()")
     if stage != "fit":
         loop = _evaluation_loop(trainer, stage)
         if not loop.source.is_defined():
-            raise ValueError(f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()")
+            raise MisconfiguredValueError(
+                f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()"
+            )
 
 
 def _set_up(

@@ -11,6 +11,8 @@ what they call on it (``lightning/pytorch/strategies/strategy.py``): ``barrier``
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -113,6 +115,14 @@ class Strategy:
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """True on every rank when ``decision`` is true on all ranks (``all=True``) or on any."""
         return self._runtime.all(decision) if all else self._runtime.any(decision)
+
+    def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
+        """Delete a checkpoint file (or folder) on global rank 0, if it exists; the other ranks return at once."""
+        if self.is_global_zero and os.path.lexists(filepath):
+            if os.path.isdir(filepath) and not os.path.islink(filepath):
+                shutil.rmtree(filepath)
+            else:
+                os.remove(filepath)
 
     @property
     def _runtime(self) -> Runtime:

@@ -26,6 +26,7 @@ from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.defaults import callback_list, default_callbacks, default_loggers
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.log_line import LogLine
@@ -195,7 +196,7 @@ class Trainer:
         self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only)
         source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
         if source.is_defined() is False:
-            raise ValueError(
+            raise MisconfiguredValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
         self._release_loaders()
@@ -280,7 +281,7 @@ class Trainer:
         _check_sources(datamodule, dataloaders)
         if model is None:
             if self.lightning_module is None:
-                raise ValueError(f"{stage}: pass a model; this Trainer has not been given one before")
+                raise TypeError(f"{stage}: pass a model; this Trainer has not been given one before")
             model = self.lightning_module
         return _check_module(model, stage), dataloaders, datamodule
 
@@ -501,7 +502,7 @@ def _check_module(model: Any, stage: str) -> Module:
 
 def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:
     if datamodule is not None and any(loader is not None for loader in loaders):
-        raise ValueError("pass either dataloaders or a datamodule, not both")
+        raise MisconfiguredValueError("pass either dataloaders or a datamodule, not both")
     if datamodule is not None and not isinstance(datamodule, DataModule):
         raise TypeError(f"datamodule must be a gpulayer.trainer.DataModule, got {type(datamodule).__name__}")
 

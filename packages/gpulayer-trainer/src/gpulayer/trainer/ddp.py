@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _find_tensors
 
 from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
@@ -113,6 +114,17 @@ class DDPStrategy(Strategy):
     def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """``step`` inside DDP's forward, so the backward of its loss reduces gradients across ranks."""
         return step if self._wrapped is None else functools.partial(self._wrapped, step)
+
+    def prepare_manual_backward(self, loss: torch.Tensor) -> None:
+        """Ready DDP's reducer for one more backward of the same forward (the step): under manual optimization a
+        step may call ``manual_backward`` several times, as a GAN's does (Lightning's ``DDPStrategy.pre_backward``)."""
+        wrapped = self._wrapped
+        if wrapped is None or not (torch.is_grad_enabled() and wrapped.require_backward_grad_sync):
+            return
+        wrapped.require_forward_param_sync = True
+        unused = list(_find_tensors(loss)) if wrapped.find_unused_parameters and not wrapped.static_graph else []
+        wrapped.reducer._rebuild_buckets()
+        wrapped.reducer.prepare_for_backward(unused)
 
     def no_sync(self) -> AbstractContextManager[None]:
         """A micro-batch that does not step: its backward keeps gradients local (no all-reduce)."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from gpulayer.trainer.evaluation_loop import EvaluationLoop
     from gpulayer.trainer.log_line import LogLine
     from gpulayer.trainer.logger_rows import LoggerRows
+    from gpulayer.trainer.manual_optimization import ManualOptimization
     from gpulayer.trainer.metric_hub import MetricHub
     from gpulayer.trainer.optimization import AutomaticOptimization
     from gpulayer.trainer.trainer import Trainer
@@ -70,7 +71,7 @@ class FitLoop:
         self.val_loop, self.transfer = val_loop, transfer
         self.results = ResultCollection(training=True)
         self.source: DataSource | None = None
-        self.optimization: AutomaticOptimization | None = None
+        self.optimization: AutomaticOptimization | ManualOptimization | None = None
         self.global_step = 0  # optimizer steps (advanced by the optimization)
         self.epochs_completed = 0  # current_epoch
         self.epochs_processed = 0
@@ -451,7 +452,7 @@ class FitLoop:
     def step_schedulers(self, interval: str, plateau: bool = False) -> None:
         """The schedulers of ``interval`` due now: step-interval ones on stepping batches only."""
         configs = self.trainer.lr_scheduler_configs
-        if not configs or (interval == "step" and self.should_accumulate()):
+        if not configs or not self.optimization.steps_schedulers or (interval == "step" and self.should_accumulate()):
             return
         count = (self.batch_idx if interval == "step" else self.epochs_completed) + 1
         step_schedulers(configs, interval, count, self.hooks, lambda: self.trainer.callback_metrics, plateau)

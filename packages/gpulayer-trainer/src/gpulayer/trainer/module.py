@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         self._current_fx_name: str | None = None
         self.automatic_optimization = True
         self._example_input_array: Any = None
+        self._requires_grad_before_toggle: dict[nn.Parameter, bool] = {}
 
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
@@ -124,9 +126,61 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         return map_tensors(data, lambda tensor: strategy.all_gather(tensor, group, sync_grads))
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
-        """The optimizer (one), or the list of them."""
+        """The optimizer (one), or the list of them; under manual optimization (``use_pl_optimizer``) the
+        ``ManualOptimizer`` wrappers whose ``step()`` counts ``global_step``."""
         optimizers = self.trainer.optimizers
+        if use_pl_optimizer and not self.automatic_optimization:
+            optimizers = getattr(self.trainer.fit_loop.optimization, "manual_optimizers", optimizers)
         return optimizers[0] if len(optimizers) == 1 else optimizers
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward of ``loss`` under manual optimization: scaled under fp16 AMP, through the ``on_before_backward``,
+        ``backward`` and ``on_after_backward`` hooks; ``args`` and ``kwargs`` go to ``loss.backward``."""
+        self._require_manual_optimization("manual_backward")
+        self.trainer.fit_loop.optimization.backward(loss, *args, **kwargs)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer`` (parameters that did not
+        require them before keep not requiring them)."""
+        requires_grad = {}
+        for each in self.trainer.optimizers:
+            for group in each.param_groups:
+                for parameter in group["params"]:
+                    if parameter not in requires_grad:
+                        requires_grad[parameter] = parameter.requires_grad
+                        parameter.requires_grad = False
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                parameter.requires_grad = requires_grad[parameter]
+        self._requires_grad_before_toggle = requires_grad
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Give the other optimizers' parameters back the ``requires_grad`` they had at ``toggle_optimizer``."""
+        raw = getattr(optimizer, "optimizer", optimizer)
+        before = self._requires_grad_before_toggle
+        for each in self.trainer.optimizers:
+            if each is not raw:
+                for group in each.param_groups:
+                    for parameter in group["params"]:
+                        if parameter in before:
+                            parameter.requires_grad = before[parameter]
+        self._requires_grad_before_toggle = {}
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """``toggle_optimizer`` for the block, ``untoggle_optimizer`` after it."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def _require_manual_optimization(self, method: str) -> None:
+        if self.automatic_optimization:
+            raise MisconfiguredValueError(
+                f"{method}: set self.automatic_optimization = False to use it; under automatic optimization the "
+                "Trainer runs backward and the optimizer steps itself"
+            )
 
     def lr_schedulers(self) -> Any:
         """The scheduler (one), the list of them, or None."""

@@ -1,5 +1,5 @@
-"""What ``configure_optimizers`` may return, in every single-optimizer form Lightning accepts, and when the
-schedulers it returned step."""
+"""What ``configure_optimizers`` may return, in every form Lightning accepts, and when the schedulers it returned
+step."""
 
 from __future__ import annotations
 
@@ -59,11 +59,6 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[L
         )
         return [_NoOptimizer()], []
     optimizers, schedulers, monitor = _split(returned)
-    if len(optimizers) != 1:
-        raise RuntimeError(
-            f"configure_optimizers returned {len(optimizers)} optimizers; the Trainer's automatic optimization "
-            "supports exactly one"
-        )
     configs = [_scheduler_config(scheduler, monitor) for scheduler in schedulers]
     for config in configs:
         if getattr(config.scheduler, "optimizer", None) not in optimizers:

@@ -55,7 +55,11 @@ class Precision:
         self.scaler = torch.amp.GradScaler(device.type) if name == "16-mixed" else None
         if name.endswith("-mixed"):
             autocast_dtype = torch.float16 if name == "16-mixed" else torch.bfloat16
-            self.step_context: Callable[[], Any] = lambda: torch.autocast(self._device_type, dtype=autocast_dtype)
+            # No cast cache, as in Lightning's autocast: with it, a step of several forward and backward passes (a
+            # GAN's under manual optimization) ended with other weights than Lightning's.
+            self.step_context: Callable[[], Any] = lambda: torch.autocast(
+                self._device_type, dtype=autocast_dtype, cache_enabled=False
+            )
         elif self._dtype is not None:
             self.step_context = self._default_dtype
         else:

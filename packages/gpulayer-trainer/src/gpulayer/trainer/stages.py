@@ -7,6 +7,7 @@ Lightning 2.6's are ``Trainer._run`` (``lightning/pytorch/trainer/trainer.py``) 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,14 @@ from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError, MisconfiguredValueError
 from gpulayer.trainer.hooks import Hooks, is_overridden
+from gpulayer.trainer.manual_optimization import ManualOptimization
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
 from gpulayer.trainer.preemption import sigterm_noted
 from gpulayer.trainer.states import FIRST_STAGE, TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
+    from gpulayer.trainer.arguments import TrainerArguments
     from gpulayer.trainer.evaluation_loop import EvaluationLoop
     from gpulayer.trainer.trainer import Trainer
 
@@ -128,7 +131,7 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
                 f"{name} must define configure_optimizers() to fit (it may return None to train without an optimizer)"
             )
         if not module.automatic_optimization:
-            raise NotImplementedError(f"{name}.automatic_optimization=False: manual optimization is not supported yet")
+            _verify_manual_optimization(trainer.args)
         if not trainer.fit_loop.source.is_defined():
             raise MisconfiguredValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
@@ -142,6 +145,20 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
             raise MisconfiguredValueError(
                 f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()"
             )
+
+
+def _verify_manual_optimization(args: TrainerArguments) -> None:
+    """What Lightning refuses under manual optimization: the Trainer's clipping and accumulation."""
+    if args.gradient_clip_val is not None:
+        raise MisconfiguredValueError(
+            f"gradient_clip_val={args.gradient_clip_val!r} under manual optimization: the Trainer does not clip when "
+            "training_step steps the optimizers; remove it and call self.clip_gradients(optimizer, ...) yourself"
+        )
+    if args.accumulate_grad_batches != 1:
+        raise MisconfiguredValueError(
+            f"accumulate_grad_batches={args.accumulate_grad_batches!r} under manual optimization: the Trainer does "
+            "not accumulate when training_step steps the optimizers; remove it and step every k batches yourself"
+        )
 
 
 def _set_up(
@@ -211,7 +228,11 @@ def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, A
     loop.resolve_limits()
     strategy.setup_training()  # before configure_optimizers, as Lightning wraps (and the optimizer holds the shards)
     trainer.optimizers, trainer.lr_scheduler_configs = strategy.setup_optimizers(hooks.module("configure_optimizers"))
-    loop.optimization = AutomaticOptimization(loop, module, hooks, strategy, trainer.optimizers, trainer.args)
+    if module.automatic_optimization:
+        _verify_one_optimizer(module, trainer.optimizers)
+        loop.optimization = AutomaticOptimization(loop, module, hooks, strategy, trainer.optimizers, trainer.args)
+    else:
+        loop.optimization = ManualOptimization(loop, module, hooks, strategy, trainer.optimizers)
     hooks.both("on_fit_start")
     trainer._logger_rows.hyperparameters()
     if checkpoint is not None:
@@ -224,6 +245,17 @@ def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, A
         process_settings.apply_autotune(trainer.args, trainer.estimated_stepping_batches, strategy.root_device)
     with torch.autograd.set_detect_anomaly(trainer.args.detect_anomaly):  # Lightning sets it either way
         loop.run()
+
+
+def _verify_one_optimizer(module: Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Lightning's rule: several optimizers (or a training_step taking ``optimizer_idx``) need manual optimization."""
+    takes_index = "optimizer_idx" in inspect.signature(module.training_step).parameters
+    if len(optimizers) > 1 or takes_index:
+        found = f"{len(optimizers)} optimizers" if len(optimizers) > 1 else "training_step(..., optimizer_idx)"
+        raise RuntimeError(
+            f"{found}: training with several optimizers needs manual optimization. Set "
+            "self.automatic_optimization = False and step them in training_step with opt1, opt2 = self.optimizers()"
+        )
 
 
 def _with_module_callbacks(callbacks: list[Callback], extra: Any) -> list[Callback]:

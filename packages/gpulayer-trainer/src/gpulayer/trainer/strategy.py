@@ -158,6 +158,9 @@ class Strategy:
         """What runs ``step`` in validation, test and predict."""
         return step
 
+    def prepare_manual_backward(self, loss: torch.Tensor) -> None:
+        """Before each ``manual_backward``: a wrapper that reduces gradients in backward gets ready for it."""
+
     def no_sync(self) -> AbstractContextManager[None]:
         """A micro-batch that does not step: gradients are kept, not reduced."""
         return contextlib.nullcontext()

@@ -1,0 +1,124 @@
+"""Manual optimization (``automatic_optimization = False``), Lightning 2.6's semantics.
+
+``training_step`` does the optimization itself: ``self.optimizers()`` hands it ``ManualOptimizer`` wrappers whose
+``step()`` runs ``on_before_optimizer_step`` and the precision's scaler around the optimizer's own step and counts
+``global_step`` (two optimizers stepping once each advance it by two); ``self.manual_backward(loss)`` runs the
+backward hooks with the scaled loss. Schedulers step only when the user steps them. Lightning 2.6's are
+``_ManualOptimization`` (``lightning/pytorch/loops/optimization/manual.py``) and ``LightningOptimizer``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpulayer.trainer.evaluation_loop import takes_batch_idx
+from gpulayer.trainer.exceptions import MisconfiguredTypeError
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.fit_loop import FitLoop
+    from gpulayer.trainer.hooks import Hooks
+    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.precision import Precision
+    from gpulayer.trainer.strategy import Strategy
+
+
+_SHARED = ("param_groups", "state", "defaults")
+
+
+class ManualOptimizer:
+    """An optimizer as ``self.optimizers()`` returns it under manual optimization. It is an instance of the
+    optimizer's own class too (``isinstance(opt, torch.optim.Adam)`` holds, as with Lightning's wrapper), and its
+    ``param_groups``, ``state`` and ``defaults`` are the optimizer's, also after a checkpoint's state replaced them;
+    ``optimizer`` is the wrapped one."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, loop: FitLoop, hooks: Hooks, precision: Precision) -> None:
+        self.__class__ = type(f"Manual{type(optimizer).__name__}", (ManualOptimizer, type(optimizer)), {})
+        skipped = ("step", "__del__", *_SHARED)
+        self.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in skipped})
+        self._optimizer, self._loop, self._hooks, self._scaler = optimizer, loop, hooks, precision.scaler
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    param_groups = property(lambda self: self._optimizer.param_groups)
+    state = property(lambda self: self._optimizer.state)
+    defaults = property(lambda self: self._optimizer.defaults)
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """The optimizer's step, after ``closure`` (if given), the scaler's unscale and ``on_before_optimizer_step``;
+        then ``global_step`` advances by one."""
+        if closure is not None and not callable(closure):
+            raise MisconfiguredTypeError(f"optimizer.step(closure={closure!r}): the closure must be callable")
+        optimizer, scaler = self._optimizer, self._scaler
+        if scaler is None:
+            output = optimizer.step(closure=functools.partial(self._before_step, closure), **kwargs)
+        else:
+            self._before_step(closure, unscale=True)
+            output = scaler.step(optimizer, **kwargs)
+            scaler.update()
+        self._loop.global_step += 1
+        return output
+
+    def _before_step(self, closure: Callable[[], Any] | None, unscale: bool = False) -> Any:
+        result = closure() if closure is not None else None
+        if unscale:
+            self._scaler.unscale_(self._optimizer)
+        self._hooks.both("on_before_optimizer_step", self._optimizer)
+        return result
+
+
+class ManualOptimization:
+    """The optimization of one batch when ``automatic_optimization`` is off: ``training_step``, whose returned loss
+    (if any) reaches ``on_train_batch_end`` detached, as ``{"loss": ...}`` or the returned dict."""
+
+    steps_schedulers = False  # the user steps them (Lightning's rule)
+
+    def __init__(
+        self,
+        loop: FitLoop,
+        module: Module,
+        hooks: Hooks,
+        strategy: Strategy,
+        optimizers: list[torch.optim.Optimizer],
+    ) -> None:
+        precision = strategy.precision_plugin
+        self.manual_optimizers = [ManualOptimizer(optimizer, loop, hooks, precision) for optimizer in optimizers]
+        self._hooks, self._strategy = hooks, strategy
+        self._takes_batch_idx = takes_batch_idx(module.training_step)
+        self._training_step = strategy.training_step_runner(functools.partial(hooks.module, "training_step"))
+        self._step_context = precision.step_context
+
+    def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """One batch (``accumulate`` is never true: accumulation is refused under manual optimization)."""
+        step_args = (batch, batch_idx) if self._takes_batch_idx else (batch,)
+        with self._step_context():
+            output = self._training_step(*step_args)
+        if isinstance(output, torch.Tensor):
+            return {"loss": output.detach()}, output
+        if isinstance(output, Mapping):
+            outputs = dict(output)
+            if isinstance(outputs.get("loss"), torch.Tensor):
+                outputs["loss"] = outputs["loss"].detach()
+            return outputs, outputs.get("loss")
+        if output is None:
+            return {}, None
+        raise MisconfiguredTypeError(
+            f"training_step returned {type(output).__name__}; under manual optimization it returns a tensor, a dict "
+            "or nothing"
+        )
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``manual_backward``: the scaled loss through ``on_before_backward``, the module's ``backward`` hook and
+        ``on_after_backward``."""
+        hooks, scaler = self._hooks, self._strategy.precision_plugin.scaler
+        if scaler is not None:
+            loss = scaler.scale(loss)
+        self._strategy.prepare_manual_backward(loss)
+        hooks.both("on_before_backward", loss)
+        hooks.module("backward", loss, *args, **kwargs)
+        hooks.both("on_after_backward")

@@ -91,12 +91,28 @@ def duplicate_group_names(module):
 
 
 # ---- one run under either framework ----------------------------------------------------------------------------
+def two_adams_stepped_by_hand(module):
+    """Manual optimization: the layer's and the head's Adam, each with a scheduler: lr-Adam and lr-Adam-1."""
+    optimizers = [torch.optim.Adam(part.parameters(), lr=0.01) for part in (module.layer, module.head)]
+    return optimizers, [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) for optimizer in optimizers]
+
+
+def sgd_and_adam_stepped_by_hand(module):
+    return [
+        torch.optim.SGD(module.layer.parameters(), lr=0.1, momentum=0.9),
+        torch.optim.Adam(module.head.parameters()),
+    ]
+
+
 def _module_class(base, configure, grow_at_epoch=None, stop_at_batch=None):
+    manual = configure in (two_adams_stepped_by_hand, sgd_and_adam_stepped_by_hand)
+
     class Monitored(base):
         def __init__(self):
             super().__init__()
             self.layer = nn.Linear(4, 1)
             self.head = nn.Linear(4, 1)
+            self.automatic_optimization = not manual
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -104,7 +120,19 @@ def _module_class(base, configure, grow_at_epoch=None, stop_at_batch=None):
             self.log("train_loss", loss, on_step=True, on_epoch=True)
             if self.current_epoch == 0 and batch_idx == stop_at_batch:
                 self.trainer.should_stop = True
+            if manual:
+                self._step_by_hand(loss)
             return loss
+
+        def _step_by_hand(self, loss):
+            for optimizer in self.optimizers():
+                optimizer.zero_grad()
+            self.manual_backward(loss)
+            for optimizer in self.optimizers():
+                optimizer.step()
+            if self.trainer.is_last_batch:
+                for scheduler in self.lr_schedulers() or []:
+                    scheduler.step()
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
@@ -266,6 +294,10 @@ SCENARIOS = {
     "three-schedulers": (three_schedulers, {}, every(2), "custom-1,lr-SGD,lr-SGD-1"),
     "three-schedulers-interval-step": (three_schedulers, STEP, every(3), "custom-1,lr-SGD,lr-SGD-1"),
     "max-steps-mid-epoch": (adam_with_step_interval, {}, every(2, max_steps=7, max_epochs=-1), "lr-Adam"),
+    # Manual optimization: several optimizers, global_step advancing by two a batch.
+    "manual-two-adams": (two_adams_stepped_by_hand, {}, every(2), "lr-Adam,lr-Adam-1"),
+    "manual-two-adams-interval-step": (two_adams_stepped_by_hand, STEP, every(1), "lr-Adam,lr-Adam-1"),
+    "manual-sgd-and-adam": (sgd_and_adam_stepped_by_hand, {}, every(3), "lr-Adam,lr-SGD"),
 }
 
 

@@ -38,12 +38,15 @@ def _module_class(base: type) -> type:
         """Logs ``values[i]`` as ``name``: in validation (i = epoch, or validation run with ``per="run"``) or at
         train epoch end (``where="train"``); ``fail_at_step`` raises in ``training_step``."""
 
-        def __init__(self, values=(), name="val_loss", where="validation", per="epoch", fail_at_step=None):
+        def __init__(
+            self, values=(), name="val_loss", where="validation", per="epoch", fail_at_step=None, manual=False
+        ):
             super().__init__()
             self.layer = nn.Linear(4, 1)
             self.values, self.name, self.where, self.per = list(values), name, where, per
             self.fail_at_step = fail_at_step
             self.validation_runs = 0
+            self.automatic_optimization = not manual  # then two optimizers step by hand: global_step += 2 a batch
 
         def _value(self, index):
             return torch.tensor(float(self.values[min(index, len(self.values) - 1)]))
@@ -52,7 +55,14 @@ def _module_class(base: type) -> type:
             if self.trainer.global_step == self.fail_at_step:
                 raise RuntimeError("scripted failure")
             x, y = batch
-            return F.mse_loss(self.layer(x), y)
+            loss = F.mse_loss(self.layer(x), y)
+            if not self.automatic_optimization:
+                for optimizer in self.optimizers():
+                    optimizer.zero_grad()
+                self.manual_backward(loss)
+                for optimizer in self.optimizers():
+                    optimizer.step()
+            return loss
 
         def validation_step(self, batch, batch_idx):
             if self.where == "validation" and self.values:
@@ -68,7 +78,9 @@ def _module_class(base: type) -> type:
                 self.log(self.name, self._value(self.trainer.current_epoch))
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+            if self.automatic_optimization:
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+            return [torch.optim.SGD([self.layer.weight], lr=0.1), torch.optim.SGD([self.layer.bias], lr=0.1)]
 
     return Scripted
 
@@ -217,6 +229,10 @@ SCENARIOS = {
         checkpoints=[MONITOR | dict(every_n_epochs=2, save_top_k=-1)], module=dict(values=DOWN_UP)
     ),
     "every_n_train_steps 3": dict(checkpoints=[dict(every_n_train_steps=3, save_top_k=-1)]),
+    # Manual optimization, two optimizers: global_step advances by 2 a batch, so only every third step lands on it.
+    "every_n_train_steps 3, manual optimization": dict(
+        checkpoints=[dict(every_n_train_steps=3, save_top_k=-1, save_last=True)], module=dict(manual=True)
+    ),
     "every_n_train_steps 3, no validation": dict(
         checkpoints=[dict(every_n_train_steps=3, save_top_k=-1, save_last=True)], validate=False
     ),

@@ -14,6 +14,8 @@ SCENARIOS = {
     "accumulate_clip_sync": {"sync": True, "accumulate": 3, "clip": 0.5, "max_epochs": 2},
     # Stopped by max_steps in the middle of an epoch, log steps every 3, rank-local metrics only.
     "max_steps_mid_epoch": {"max_steps": 5, "log_every_n_steps": 3, "shuffle": False},
+    # Manual optimization: two optimizers, each toggled, two backward passes in one DDP forward per step.
+    "manual_two_optimizers": {"manual": True, "sync": True, "strategy": "ddp_find_unused_parameters_true"},
 }
 
 

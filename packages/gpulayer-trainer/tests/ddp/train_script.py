@@ -47,6 +47,8 @@ OPTIONS = {
     "step_seconds": 0.0,  # busy-wait per training step (for max_time)
     "skip_rank": None,  # on_train_batch_start returns -1 (ends the epoch) on this rank ...
     "skip_batch": None,  # ... at this batch_idx of the first epoch; unset, the hook is not overridden
+    "manual": False,  # manual optimization: each layer its optimizer, toggled, one backward each per step
+    "strategy": "auto",
 }
 
 
@@ -101,7 +103,15 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
             busy_until = _now() + o.step_seconds
             while _now() < busy_until:
                 pass
-            loss = F.mse_loss(self.net(inputs), target)
+            if o.manual:
+                for optimizer in self.optimizers():
+                    with self.toggled_optimizer(optimizer):
+                        loss = F.mse_loss(self.net(inputs), target)
+                        optimizer.zero_grad()
+                        self.manual_backward(loss)
+                        optimizer.step()
+            else:
+                loss = F.mse_loss(self.net(inputs), target)
             self.log("train_loss", loss, on_step=True, on_epoch=True)
             if o.sync:
                 self.log("train_loss_sync", loss, on_step=True, on_epoch=True, sync_dist=True)
@@ -119,6 +129,9 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
                 self.log("watched", torch.tensor(10.0 - self.trainer.current_epoch + 20 * worse))
 
         def configure_optimizers(self):
+            if o.manual:
+                first, last = self.net[0].parameters(), self.net[2].parameters()
+                return [torch.optim.SGD(first, lr=0.05, momentum=0.9), torch.optim.Adam(last, lr=0.01)]
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
     class SkippingModel(Model):
@@ -143,6 +156,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         accelerator="cpu",
         devices=o.devices,
         num_nodes=o.num_nodes,
+        strategy=o.strategy,
         max_epochs=o.max_epochs,
         max_steps=o.max_steps,
         max_time=None if o.max_time is None else {"seconds": o.max_time},
@@ -157,6 +171,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         **({"enable_progress_bar": False, "enable_model_summary": False} if name == "lightning" else {}),
     )
     model = Model() if o.skip_rank is None else SkippingModel()
+    model.automatic_optimization = not o.manual
     trainer.fit(
         model,
         DataLoader(dataset, batch_size=o.batch_size, shuffle=o.shuffle),

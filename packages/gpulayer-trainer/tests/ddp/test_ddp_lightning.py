@@ -16,6 +16,8 @@ SCENARIOS = {
     "max_steps_mid_epoch": {"max_steps": 5, "log_every_n_steps": 3, "shuffle": False},
     # Manual optimization: two optimizers, each toggled, two backward passes in one DDP forward per step.
     "manual_two_optimizers": {"manual": True, "sync": True, "strategy": "ddp_find_unused_parameters_true"},
+    # Manual optimization accumulating 2 batches by hand, the first of each pair under block_backward_sync.
+    "manual_accumulate_without_sync": {"manual_accumulate": 2, "max_epochs": 1},
 }
 
 
@@ -31,8 +33,11 @@ def test_ddp_trains_exactly_as_lightning_ddp(tmp_path, scenario):
         assert actual["seen"] == expected["seen"], f"rank {rank} trained on other batches"
         assert actual["callback_metrics"] == expected["callback_metrics"], f"rank {rank}"
         assert_same_weights(expected["weights"], actual["weights"])
+        assert actual["reductions"] == expected["reductions"]
     # The ranks read different shards, and the metrics without sync_dist stay each rank's own.
     assert ours[0]["seen"] != ours[1]["seen"]
     assert ours[0]["callback_metrics"]["train_loss"] != ours[1]["callback_metrics"]["train_loss"]
+    if options.get("manual_accumulate"):  # one bucket reduced on each of the 4 stepping batches of 8, none between
+        assert ours[0]["reductions"] == ours[1]["reductions"] == 4
     if options.get("sync"):
         assert ours[0]["callback_metrics"]["val_loss_sync"] == ours[1]["callback_metrics"]["val_loss_sync"]

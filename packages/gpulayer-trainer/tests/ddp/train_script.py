@@ -9,6 +9,7 @@ batches it trained on, and what the scenario asked to record. KEY=VALUE pairs ar
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -48,6 +50,8 @@ OPTIONS = {
     "skip_rank": None,  # on_train_batch_start returns -1 (ends the epoch) on this rank ...
     "skip_batch": None,  # ... at this batch_idx of the first epoch; unset, the hook is not overridden
     "manual": False,  # manual optimization: each layer its optimizer, toggled, one backward each per step
+    "manual_accumulate": 0,  # manual optimization accumulating this many batches by hand, without gradient sync
+    # on the batches that do not step (strategy.block_backward_sync); the record counts DDP's reductions
     "strategy": "auto",
 }
 
@@ -103,7 +107,16 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
             busy_until = _now() + o.step_seconds
             while _now() < busy_until:
                 pass
-            if o.manual:
+            if o.manual_accumulate:
+                loss = F.mse_loss(self.net(inputs), target)
+                steps = (batch_idx + 1) % o.manual_accumulate == 0
+                with contextlib.nullcontext() if steps else trainer.strategy.block_backward_sync():
+                    self.manual_backward(loss / o.manual_accumulate)
+                if steps:
+                    for optimizer in self.optimizers():
+                        optimizer.step()
+                        optimizer.zero_grad()
+            elif o.manual:
                 for optimizer in self.optimizers():
                     with self.toggled_optimizer(optimizer):
                         loss = F.mse_loss(self.net(inputs), target)
@@ -128,8 +141,18 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
                 worse = float(self.trainer.global_rank == o.early_stopping_rank) * self.trainer.current_epoch
                 self.log("watched", torch.tensor(10.0 - self.trainer.current_epoch + 20 * worse))
 
+        def on_train_start(self):
+            if o.manual_accumulate:
+                self.reductions = 0
+
+                def counting(state, bucket):
+                    self.reductions += 1
+                    return allreduce_hook(state, bucket)
+
+                self.trainer.strategy.model.register_comm_hook(None, counting)
+
         def configure_optimizers(self):
-            if o.manual:
+            if o.manual or o.manual_accumulate:
                 first, last = self.net[0].parameters(), self.net[2].parameters()
                 return [torch.optim.SGD(first, lr=0.05, momentum=0.9), torch.optim.Adam(last, lr=0.01)]
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -171,7 +194,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         **({"enable_progress_bar": False, "enable_model_summary": False} if name == "lightning" else {}),
     )
     model = Model() if o.skip_rank is None else SkippingModel()
-    model.automatic_optimization = not o.manual
+    model.automatic_optimization = not (o.manual or o.manual_accumulate)
     trainer.fit(
         model,
         DataLoader(dataset, batch_size=o.batch_size, shuffle=o.shuffle),
@@ -189,6 +212,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "seen": seen,
         "world_size": trainer.world_size,
+        "reductions": getattr(model, "reductions", None),
         "log_dir": trainer.log_dir,
         "placed_by": runtime.placement.source if (runtime := getattr(trainer, "runtime", None)) else None,  # GPUlayer
     }

@@ -115,6 +115,27 @@ class DDPStrategy(Strategy):
         """``step`` inside DDP's forward, so the backward of its loss reduces gradients across ranks."""
         return step if self._wrapped is None else functools.partial(self._wrapped, step)
 
+    def manual_training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """``step`` inside DDP's forward. Its backward passes already ran (``manual_backward`` readies the reducer
+        for each), so DDP's forward must not ready it again on the way out for a backward that never comes: its
+        gradient sync is off from the step's end to the forward's (Lightning's ``_DDPForwardRedirection``)."""
+        wrapped = self._wrapped
+        if wrapped is None:
+            return step
+
+        def step_then_hold_sync(*args: Any) -> Any:
+            output = step(*args)
+            wrapped.require_backward_grad_sync = False
+            return output
+
+        def run(*args: Any) -> Any:
+            try:
+                return wrapped(step_then_hold_sync, *args)
+            finally:
+                wrapped.require_backward_grad_sync = True
+
+        return run
+
     def prepare_manual_backward(self, loss: torch.Tensor) -> None:
         """Ready DDP's reducer for one more backward of the same forward (the step): under manual optimization a
         step may call ``manual_backward`` several times, as a GAN's does (Lightning's ``DDPStrategy.pre_backward``)."""

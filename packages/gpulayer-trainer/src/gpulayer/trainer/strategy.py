@@ -154,6 +154,11 @@ class Strategy:
         """What runs ``step`` in training: ``step`` itself, or ``step`` inside a wrapper's forward."""
         return step
 
+    def manual_training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """What runs ``step`` in training under manual optimization, where ``manual_backward`` runs the backward
+        passes inside the step."""
+        return self.training_step_runner(step)
+
     def evaluation_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """What runs ``step`` in validation, test and predict."""
         return step
@@ -164,6 +169,10 @@ class Strategy:
     def no_sync(self) -> AbstractContextManager[None]:
         """A micro-batch that does not step: gradients are kept, not reduced."""
         return contextlib.nullcontext()
+
+    def block_backward_sync(self) -> AbstractContextManager[None]:
+        """Lightning's name for ``no_sync``, for a ``manual_backward`` on a batch that accumulates by hand."""
+        return self.no_sync()
 
     def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """After every stage: drop training wrappers, and put the module and optimizer state back on the CPU

@@ -90,6 +90,27 @@ class Regression(gl.Module):
         return torch.optim.SGD(self.parameters(), lr=0.2)
 
 
+class ManualRegression(Regression):
+    """The MLP under manual optimization: its first and last layers each have an optimizer, and each steps after
+    a forward and ``manual_backward`` of its own (two backward passes a step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for optimizer in self.optimizers():
+            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.net[:2].parameters(), lr=0.2), torch.optim.Adam(self.net[2:].parameters())]
+
+
 class StepLosses(gl.Callback):
     """Each optimizer step's training loss, read where a test may sync: the run is short."""
 
@@ -101,9 +122,12 @@ class StepLosses(gl.Callback):
 
 
 def make_model(kind: str) -> gl.Module:
-    """``transformer`` (AdamW), ``transformer_sgd``, ``transformer_momentum`` or ``mlp``, the same on every rank."""
+    """``transformer`` (AdamW), ``transformer_sgd``, ``transformer_momentum``, ``mlp`` or ``mlp_manual``, the same on
+    every rank."""
     torch.manual_seed(0)
-    return Regression() if kind == "mlp" else LanguageModel(kind.removeprefix("transformer").lstrip("_") or "adamw")
+    if kind.startswith("mlp"):
+        return ManualRegression() if kind == "mlp_manual" else Regression()
+    return LanguageModel(kind.removeprefix("transformer").lstrip("_") or "adamw")
 
 
 def dataset(kind: str) -> TensorDataset:

@@ -60,6 +60,18 @@ def test_fsdp_trains_like_ddp(tmp_path, kind, strategy_options, trainer_options)
     assert any((fsdp["weights"][n] - make_model(kind).state_dict()[n]).abs().max() > 1e-3 for n in ddp["weights"])
 
 
+def test_manual_optimization_under_fsdp_trains_like_ddp(tmp_path):
+    manual = {"accumulate_grad_batches": 1, "gradient_clip_val": None}  # the Trainer's own: refused under manual
+    ranks = unpacked(run_ranks(_both, "mlp_manual", str(tmp_path), {}, manual, timeout=120))
+    for record in ranks:
+        ddp, fsdp = record["ddp"], record["fsdp"]
+        assert fsdp["global_step"] == ddp["global_step"] == 16  # 8 batches, two optimizer steps each
+        torch.testing.assert_close(fsdp["losses"], ddp["losses"], rtol=0, atol=TOLERANCE)
+    ddp, fsdp = ranks[0]["ddp"], ranks[0]["fsdp"]
+    for name, weight in ddp["weights"].items():
+        torch.testing.assert_close(fsdp["weights"][name], weight, rtol=0, atol=TOLERANCE, msg=name)
+
+
 def _bytes(runtime, fsdp: bool) -> dict:
     """Parameter plus optimizer-state bytes this rank holds after one step, and how the model was sharded."""
     import gpulayer.trainer as gl

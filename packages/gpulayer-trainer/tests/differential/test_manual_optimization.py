@@ -43,9 +43,9 @@ def _gan_class(base):
             real = batch[0]
             generator_optimizer, discriminator_optimizer = self.optimizers()
             with self.toggled_optimizer(generator_optimizer):
-                fake = self.generator(torch.randn(real.shape[0], 4))
+                fake = self.generator(torch.randn(real.shape[0], 4, device=real.device))
                 generator_loss = F.binary_cross_entropy_with_logits(
-                    self.discriminator(fake), torch.ones(real.shape[0], 1)
+                    self.discriminator(fake), torch.ones(real.shape[0], 1, device=real.device)
                 )
                 generator_optimizer.zero_grad()
                 self.manual_backward(generator_loss)
@@ -239,3 +239,18 @@ def test_a_checkpoint_holds_both_optimizers_resumes_mid_epoch_exactly_and_loads_
     ours = _gan_class(gl.Module).load_from_checkpoint(path)
     for name, tensor in ours.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_16_mixed_on_a_gpu_scales_each_step_as_lightning_does(tmp_path):
+    # One GradScaler for both optimizers: each step() unscales its optimizer, steps through the scaler and updates
+    # the scale, as Lightning's MixedPrecision.optimizer_step does.
+    theirs, ours = _both(tmp_path, accelerator="cuda", devices=1, precision="16-mixed")
+    assert (ours["global_step"], ours["events"], ours["learning_rates"]) == (
+        theirs["global_step"],
+        theirs["events"],
+        theirs["learning_rates"],
+    )
+    for name, weight in theirs["weights"].items():
+        torch.testing.assert_close(torch.tensor(ours["weights"][name]), torch.tensor(weight), rtol=1e-3, atol=1e-4)

@@ -25,13 +25,13 @@ class LogLine:
         self.shown = trainer.is_global_zero and trainer.args.enable_progress_bar
         self._since: float | None = None
         self._batches = 0
-        self._start_step = 0
+        self._start_done = 0  # stepping batches done when the current interval began
 
     def count(self) -> None:
         """A batch that prints nothing: only counted, for the samples-per-second figure."""
         self._batches += 1
         if self._since is None:
-            self._since, self._start_step = time.monotonic(), self.trainer.global_step
+            self._since, self._start_done = time.monotonic(), self.trainer.fit_loop.batches_that_stepped
 
     def print(self, batch: Any, loss: torch.Tensor | None) -> None:
         """On a log step (the fit loop decides which): rank 0 prints the line, with this step's ``loss``."""
@@ -43,17 +43,22 @@ class LogLine:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
         samples = self._batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
-        total = trainer.estimated_stepping_batches
-        steps_done = trainer.global_step - self._start_step
-        parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]
+        # Progress counts batches that stepped (the units of estimated_stepping_batches): the loop counts this one
+        # after the line. Under automatic optimization that is global_step; under manual optimization global_step
+        # counts every optimizer's steps, so it is shown apart.
+        total, done = trainer.estimated_stepping_batches, trainer.fit_loop.batches_that_stepped + 1
+        if trainer.lightning_module.automatic_optimization:
+            parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]
+        else:
+            parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}", f"batch {done}/{_count(total)}"]
         if loss is not None:
             parts.append(f"loss {loss.item():.4g}")
         parts += [f"{name} {value:.4g}" for name, value in trainer.progress_bar_metrics.items()]
         parts.append(f"{samples:.1f} samples/s")
-        if total != math.inf and steps_done > 0:
-            left = (total - trainer.global_step) * elapsed / steps_done
+        if total != math.inf and done > self._start_done:
+            left = max(total - done, 0) * elapsed / (done - self._start_done)
             parts.append(f"{timedelta(seconds=round(left))} left")
-        self._since, self._batches, self._start_step = time.monotonic(), 0, trainer.global_step
+        self._since, self._batches, self._start_done = time.monotonic(), 0, done
         return " | ".join(parts)
 
 

@@ -44,6 +44,8 @@ def main() -> None:
     setting = {"device": args.device, "precision": args.precision}
     for name in args.workloads.split(","):
         workload = WORKLOADS[name]
+        if distributed and workload.adversarial:  # see workloads.py: one process only
+            continue
         steps = workload.steps // 4 if args.quick else workload.steps
         batches = workload.batches(steps, rank, world_size)
         for variant in variants:  # warm-up: first-time costs (lazy imports, allocator, autograd) are not timed

@@ -26,7 +26,7 @@ import warnings
 from typing import Any
 
 import torch
-from workloads import Workload
+from workloads import Workload, adversarial_step, optimizers_of
 
 VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
 
@@ -95,10 +95,14 @@ def _raw(
     optimizer = torch.optim.SGD(net.parameters(), lr=workload.lr)
     mixed = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
     moves = device != "cpu"  # as the trainers: they move each batch on CUDA and hand it on as it is on the CPU
+    optimizers = optimizers_of(net, workload.lr) if workload.adversarial else None
     for step, (inputs, targets) in enumerate(torch.utils.data.DataLoader(batches, batch_size=None)):
         clock.tick(step)
         if moves:
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if optimizers is not None:  # the user's own step either way: Lightning's order of a step does not apply
+            adversarial_step(net, optimizers, (inputs, targets), torch.Tensor.backward, mixed)
+            continue
         if lightning_order:
             _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed)
             continue
@@ -145,14 +149,22 @@ def _trainer(
         def __init__(self) -> None:
             super().__init__()
             self.net = workload.seeded_net()
+            self.automatic_optimization = not workload.adversarial
 
         def training_step(self, batch, batch_idx):
             clock.tick(batch_idx)
-            loss = workload.loss(self.net, batch)
+            if workload.adversarial:  # the trainer's autocast, if any, is around the whole step
+                loss = adversarial_step(
+                    self.net, self.optimizers(), batch, self.manual_backward, contextlib.nullcontext()
+                )
+            else:
+                loss = workload.loss(self.net, batch)
             self.log("loss", loss)  # as a real module does
             return loss
 
         def configure_optimizers(self):
+            if workload.adversarial:
+                return optimizers_of(self.net, workload.lr)
             return torch.optim.SGD(self.parameters(), lr=workload.lr)
 
     model = Bench()
@@ -171,8 +183,9 @@ def _trainer(
             **options,
         )
         trainer.fit(model, torch.utils.data.DataLoader(batches, batch_size=None))
-    if trainer.global_step != len(batches):
-        raise RuntimeError(f"{variant} ran {trainer.global_step} steps, not {len(batches)}")
+    expected = len(batches) * (2 if workload.adversarial else 1)  # under manual optimization each step() counts
+    if trainer.global_step != expected:
+        raise RuntimeError(f"{variant} ran {trainer.global_step} steps, not {expected}")
     return model.net
 
 

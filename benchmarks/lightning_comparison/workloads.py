@@ -1,8 +1,11 @@
-"""The three workloads: the same model, data, loss and optimizer for every variant.
+"""The workloads: the same model, data, loss and optimizer for every variant.
 
 - ``mlp``: an MLP 32 -> 32 -> 1 on batches of 16; a step costs almost nothing, so the trainer's own cost shows.
 - ``transformer``: a 2-layer causal transformer language model on synthetic tokens (vocabulary 128, 32 tokens).
 - ``cnn``: a small convolutional network on 32 x 32 RGB images in batches of 16; the step's compute dominates.
+- ``gan``: a generator and a discriminator (MLPs, width 64) on 2-D points in batches of 16, each with its own
+  SGD, stepped by ``adversarial_step`` (under the trainers: manual optimization). One process only: under DDP a
+  raw loop and a trainer would wrap the two networks differently.
 
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +31,7 @@ class Workload:
     make_batches: Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]
     loss: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
     lr: float
+    adversarial: bool = False  # two optimizers stepped by adversarial_step
 
     def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return self.make_batches(steps * world_size)[rank::world_size]
@@ -114,8 +119,66 @@ def _classification_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
     return F.cross_entropy(net(batch[0]), batch[1])
 
 
+def _gan() -> nn.Module:
+    def mlp(inputs: int, outputs: int) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(inputs, 64), nn.LeakyReLU(0.2), nn.Linear(64, 64), nn.LeakyReLU(0.2), nn.Linear(64, outputs)
+        )
+
+    return nn.ModuleDict({"generator": mlp(8, 2), "discriminator": mlp(2, 1)})
+
+
+def _gan_batches(count: int) -> list:
+    """Real points on a ring of 8 modes, and the generator's noise for the step: made in advance, so every variant
+    draws the same fakes."""
+    generator = torch.Generator().manual_seed(SEED)
+    angles = torch.randint(8, (count * 16,), generator=generator) * (torch.pi / 4)
+    real = 2 * torch.stack([angles.cos(), angles.sin()], dim=1) + 0.05 * torch.randn(count * 16, 2, generator=generator)
+    noise = torch.randn(count * 16, 8, generator=generator)
+    return list(zip(real.split(16), noise.split(16), strict=True))
+
+
+def _discriminator_loss(net: nn.Module, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    scores = net["discriminator"](torch.cat([real, fake]))
+    targets = torch.cat([torch.ones(len(real), 1, device=real.device), torch.zeros(len(fake), 1, device=real.device)])
+    return F.binary_cross_entropy_with_logits(scores, targets)
+
+
+def _gan_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
+    real, noise = batch
+    return _discriminator_loss(net, real, net["generator"](noise))
+
+
+def adversarial_step(net: nn.Module, optimizers: list, batch: tuple, backward: Callable, mixed: Any) -> torch.Tensor:
+    """One GAN step: the generator's update against the discriminator, then the discriminator's on real points and
+    the (detached) fakes; ``backward`` is ``Tensor.backward`` or ``manual_backward``. Returns the discriminator's
+    loss."""
+    real, noise = batch
+    generator_optimizer, discriminator_optimizer = optimizers
+    with mixed:
+        fake = net["generator"](noise)
+        generator_loss = F.binary_cross_entropy_with_logits(
+            net["discriminator"](fake), torch.ones(len(fake), 1, device=fake.device)
+        )
+    generator_optimizer.zero_grad()
+    backward(generator_loss)
+    generator_optimizer.step()
+    with mixed:
+        discriminator_loss = _discriminator_loss(net, real, fake.detach())
+    discriminator_optimizer.zero_grad()
+    backward(discriminator_loss)
+    discriminator_optimizer.step()
+    return discriminator_loss
+
+
+def optimizers_of(net: nn.Module, lr: float) -> list[torch.optim.Optimizer]:
+    """The adversarial workload's two SGDs, the generator's first."""
+    return [torch.optim.SGD(net[part].parameters(), lr=lr) for part in ("generator", "discriminator")]
+
+
 WORKLOADS = {
     "mlp": Workload("mlp", 2000, _mlp, _mlp_batches, _regression_loss, 0.01),
     "transformer": Workload("transformer", 200, _LanguageModel, _token_batches, _language_loss, 0.05),
     "cnn": Workload("cnn", 60, _cnn, _image_batches, _classification_loss, 0.05),
+    "gan": Workload("gan", 1000, _gan, _gan_batches, _gan_loss, 0.02, adversarial=True),
 }

@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> None:
         devices=args.devices,
         max_epochs=args.max_epochs,
         default_root_dir=args.root_dir,
-        log_every_n_steps=50,
+        log_every_n_steps=10,
     )
     trainer.fit(model, datamodule=datamodule)
     test_acc = trainer.test(model, datamodule=datamodule)[0]["test_acc"]

@@ -17,11 +17,12 @@ import torch
 
 from gpulayer.trainer.evaluation_loop import takes_batch_idx
 from gpulayer.trainer.exceptions import MisconfiguredTypeError
+from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.module import Module
 
 if TYPE_CHECKING:
     from gpulayer.trainer.fit_loop import FitLoop
     from gpulayer.trainer.hooks import Hooks
-    from gpulayer.trainer.module import Module
     from gpulayer.trainer.precision import Precision
     from gpulayer.trainer.strategy import Strategy
 
@@ -55,7 +56,10 @@ class ManualOptimizer:
         if closure is not None and not callable(closure):
             raise MisconfiguredTypeError(f"optimizer.step(closure={closure!r}): the closure must be callable")
         optimizer, scaler = self._optimizer, self._scaler
-        if scaler is None:
+        if scaler is None and closure is None:  # the common call: no closure to wrap
+            self._before_step(None)
+            output = optimizer.step(**kwargs)
+        elif scaler is None:
             output = optimizer.step(closure=functools.partial(self._before_step, closure), **kwargs)
         else:
             self._before_step(closure, unscale=True)
@@ -68,7 +72,8 @@ class ManualOptimizer:
         result = closure() if closure is not None else None
         if unscale:
             self._scaler.unscale_(self._optimizer)
-        self._hooks.both("on_before_optimizer_step", self._optimizer)
+        if "on_before_optimizer_step" in self._hooks.active:
+            self._hooks.both("on_before_optimizer_step", self._optimizer)
         return result
 
 
@@ -89,6 +94,7 @@ class ManualOptimization:
         precision = strategy.precision_plugin
         self.manual_optimizers = [ManualOptimizer(optimizer, loop, hooks, precision) for optimizer in optimizers]
         self._hooks, self._strategy = hooks, strategy
+        self._own_backward = is_overridden("backward", module, Module)
         self._takes_batch_idx = takes_batch_idx(module.training_step)
         self._training_step = strategy.manual_training_step_runner(functools.partial(hooks.module, "training_step"))
         self._step_context = precision.step_context
@@ -119,6 +125,12 @@ class ManualOptimization:
         if scaler is not None:
             loss = scaler.scale(loss)
         self._strategy.prepare_manual_backward(loss)
-        hooks.both("on_before_backward", loss)
-        hooks.module("backward", loss, *args, **kwargs)
-        hooks.both("on_after_backward")
+        active = hooks.active
+        if "on_before_backward" in active:
+            hooks.both("on_before_backward", loss)
+        if self._own_backward:
+            hooks.module("backward", loss, *args, **kwargs)
+        else:
+            loss.backward(*args, **kwargs)
+        if "on_after_backward" in active:
+            hooks.both("on_after_backward")

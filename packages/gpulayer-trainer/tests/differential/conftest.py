@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import itertools
+import logging
 import math
 import warnings
 from collections import Counter
@@ -751,3 +752,29 @@ def differential(run: Callable[..., Result], assert_same: Callable[..., None]) -
         return SimpleNamespace(lightning=expected, gpulayer=actual)
 
     return compare
+
+
+def quiet_lightning():
+    """``lightning.pytorch``, its warnings ignored and its INFO lines off: call it inside ``warnings.catch_warnings``."""
+    warnings.simplefilter("ignore")
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return pl
+
+
+def line_fitter(base: type) -> type:
+    """A one-layer regression module (2 inputs) on ``base``, trained with SGD: for scenarios about the Trainer."""
+
+    class LineFitter(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return LineFitter

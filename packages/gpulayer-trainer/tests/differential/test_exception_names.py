@@ -1,7 +1,6 @@
 """A ported script catches GPUlayer's errors under Lightning's names: each misuse below raises, under Lightning 2.6,
 a ``MisconfigurationException`` (or a builtin type), and under GPUlayer an exception of that name too."""
 
-import logging
 import tempfile
 import warnings
 
@@ -11,13 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import gpulayer.trainer as gl
 
-
-def _lightning():
-    warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return pl
+from .conftest import quiet_lightning
 
 
 def _loader():
@@ -150,7 +143,7 @@ def _raised(framework, misuse) -> BaseException:
 @pytest.mark.parametrize("misuse", list(MISUSES))
 def test_the_exception_is_catchable_under_lightnings_name(misuse):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
         theirs = _raised(pl, misuse)

@@ -2,7 +2,6 @@
 instance (or a ``Mock(spec=Callback)``), a step set to None, the stage passed to ``setup``/``teardown``, DDP's
 sampler on one process, an unsized loader whose ``__len__`` raises, and a few return values."""
 
-import logging
 import os
 import subprocess
 import sys
@@ -16,13 +15,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import gpulayer.trainer as gl
 
-
-def _lightning():
-    warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return pl
+from .conftest import quiet_lightning
 
 
 def _regressor(base):
@@ -74,7 +67,7 @@ def _both(tmp_path, model_change=None, **options):
     environment = dict(os.environ)
     try:
         with warnings.catch_warnings():
-            pl = _lightning()
+            pl = quiet_lightning()
             lightning_only = {"enable_progress_bar": False}
             theirs = _fit(pl, pl.LightningModule, tmp_path / "lightning", model_change, **lightning_only, **options)
     finally:
@@ -90,7 +83,7 @@ def test_hooks_assigned_on_instances_and_mocked_callbacks_are_called_as_in_light
     for name, framework, base in (("lightning", None, None), ("gpulayer", gl, gl.Callback)):
         with warnings.catch_warnings():
             if framework is None:
-                framework = _lightning()
+                framework = quiet_lightning()
                 base = framework.Callback
             assigned = base()
             calls: list[int] = []
@@ -122,7 +115,7 @@ def test_setup_gets_the_entry_point_by_keyword_and_freeze_returns_the_module(tmp
     assert our_model.stages == their_model.stages == [(True, "fit")]
     assert our_model.freeze() is our_model and our_model.unfreeze() is our_model
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         assert pl.Trainer(fast_dev_run=True).fast_dev_run is gl.Trainer(fast_dev_run=True, logger=False).fast_dev_run
 
 
@@ -158,7 +151,7 @@ class _Stateful(gl.Callback):
 
 def test_two_stateful_callbacks_under_one_key_are_refused_at_construction(tmp_path):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
 
         class LightningStateful(pl.Callback):
             def state_dict(self):
@@ -241,7 +234,7 @@ def test_resuming_past_max_epochs_is_refused_as_in_lightning(tmp_path, max_epoch
     outcomes = {}
     for name in ("lightning", "gpulayer"):
         with warnings.catch_warnings():
-            framework = _lightning() if name == "lightning" else gl
+            framework = quiet_lightning() if name == "lightning" else gl
             base = framework.LightningModule if name == "lightning" else gl.Module
             extra = {"enable_progress_bar": False} if name == "lightning" else {}
             options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, **extra)
@@ -334,7 +327,7 @@ def _worker_states(framework, base, root) -> list:
 
 def test_persistent_workers_stop_when_the_stage_ends_as_in_lightning(tmp_path):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         theirs = _worker_states(pl, pl.LightningModule, tmp_path / "lightning")
     ours = _worker_states(gl, gl.Module, tmp_path / "gpulayer")
     assert ours == theirs

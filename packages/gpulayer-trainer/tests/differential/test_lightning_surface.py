@@ -2,7 +2,6 @@
 counts and callbacks, ``init_module``, ``PL_TRAINER_*`` defaults; the Module's loggers, ``all_gather`` and
 checkpoint keys; the DataModule's ``from_datasets``, ``__str__`` and ``load_from_checkpoint``."""
 
-import logging
 import warnings
 
 import pytest
@@ -10,6 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
+
+from .conftest import line_fitter, quiet_lightning
 
 
 def _loader_shape(loaders):
@@ -53,17 +54,9 @@ def test_the_trainers_loaders_and_counts_as_lightning_gives_them(differential, v
     )
 
 
-def _lightning():
-    warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return pl
-
-
 def test_init_module_profiler_accelerator_and_checkpoint_keys(tmp_path):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         theirs = pl.Trainer(precision="bf16-true", logger=False, default_root_dir=tmp_path)
         with theirs.init_module():
             their_layer = torch.nn.Linear(2, 2)
@@ -98,7 +91,7 @@ def test_pl_trainer_variables_give_defaults_and_passed_arguments_win(monkeypatch
     monkeypatch.setenv("PL_TRAINER_LOG_EVERY_N_STEPS", "7")
     monkeypatch.setenv("PL_TRAINER_ACCELERATOR", "cpu")
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         theirs = pl.Trainer(log_every_n_steps=5, logger=False, default_root_dir=tmp_path)
     ours = gl.Trainer(log_every_n_steps=5, logger=False, default_root_dir=tmp_path)
     assert (ours.max_epochs, ours.log_every_n_steps) == (theirs.max_epochs, theirs.log_every_n_steps) == (3, 5)
@@ -144,7 +137,7 @@ def _datasets():
 def test_from_datasets_and_str_match_lightnings():
     train, val = _datasets()
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         theirs = _datamodule_class(pl.LightningDataModule).from_datasets(train, val, batch_size=5, note="y")
     ours = _datamodule_class(gl.DataModule).from_datasets(train, val, batch_size=5, note="y")
     assert str(ours) == str(theirs)
@@ -181,7 +174,7 @@ def test_a_datamodule_fits_from_datasets_and_loads_back_from_the_checkpoint(tmp_
 
 def test_precision_plugin_scaler_sampler_arguments_model_and_print_as_in_lightning(tmp_path, capsys):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         cases = [{}, {"strategy": "ddp", "devices": 1}, {"precision": "bf16-mixed"}]
         theirs = [pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **kw) for kw in cases]
     ours = [gl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path, **kw) for kw in cases]
@@ -194,21 +187,6 @@ def test_precision_plugin_scaler_sampler_arguments_model_and_print_as_in_lightni
     ours[0].print("shown", end="!")
     theirs[0].print("also", end="!")
     assert capsys.readouterr().out == "shown!also!"
-
-
-def _line_fitter(base):
-    class LineFitter(base):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    return LineFitter
 
 
 def _model_seen_by_callbacks(framework, root) -> list:
@@ -228,7 +206,7 @@ def _model_seen_by_callbacks(framework, root) -> list:
         accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, callbacks=[Records()],
         default_root_dir=root, **extra,
     )  # fmt: skip
-    trainer.fit(_line_fitter(base)(), DataLoader(TensorDataset(torch.ones(8, 2), torch.ones(8, 1)), batch_size=4))
+    trainer.fit(line_fitter(base)(), DataLoader(TensorDataset(torch.ones(8, 2), torch.ones(8, 1)), batch_size=4))
     return seen
 
 
@@ -236,13 +214,13 @@ def test_trainer_model_in_one_process_is_the_module_as_in_lightning(tmp_path):
     # Under DDP on several ranks it is DDP's wrapper in both (trainer.strategy.model, tests/ddp); Lightning also
     # wraps a single DDP process, GPUlayer does not (the porting guide says so).
     with warnings.catch_warnings():
-        theirs = _model_seen_by_callbacks(_lightning(), tmp_path / "lightning")
+        theirs = _model_seen_by_callbacks(quiet_lightning(), tmp_path / "lightning")
     assert _model_seen_by_callbacks(gl, tmp_path / "gpulayer") == theirs == ["LineFitter", True, True]
 
 
 def test_strategy_remove_checkpoint_deletes_a_file_or_folder_as_in_lightning(tmp_path):
     with warnings.catch_warnings():
-        theirs = _lightning().Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).strategy
+        theirs = quiet_lightning().Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).strategy
     ours = gl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path).strategy
     for name, strategy in (("lightning", theirs), ("gpulayer", ours)):
         file, folder = tmp_path / f"{name}.ckpt", tmp_path / f"{name}-sharded"

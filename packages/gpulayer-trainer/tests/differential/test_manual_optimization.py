@@ -3,7 +3,6 @@ hand ends with Lightning's weights, ``global_step`` (one per ``opt.step()``), ho
 misuse is refused; a checkpoint holds both optimizers and schedulers, resumes mid-epoch exactly, and loads in
 Lightning."""
 
-import logging
 import warnings
 
 import pytest
@@ -13,13 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
 
-
-def _lightning():
-    warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return pl
+from .conftest import quiet_lightning
 
 
 def _base(framework):
@@ -122,7 +115,7 @@ def _record(trainer, model):
 
 def _both(tmp_path, module_options=None, **arguments):
     with warnings.catch_warnings():
-        theirs = _record(*_fit(_lightning(), tmp_path / "lightning", module_options, **arguments))
+        theirs = _record(*_fit(quiet_lightning(), tmp_path / "lightning", module_options, **arguments))
     ours = _record(*_fit(gl, tmp_path / "gpulayer", module_options, **arguments))
     return theirs, ours
 
@@ -190,7 +183,7 @@ def _automatic(base, two_optimizers=False, manual_backward=False):
 )
 def test_misuse_is_refused_as_lightning_refuses_it(tmp_path, case, lightnings_type):
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
         with pytest.raises(Exception) as theirs:
@@ -234,7 +227,7 @@ def test_a_checkpoint_holds_both_optimizers_resumes_mid_epoch_exactly_and_loads_
         torch.testing.assert_close(resumed.state_dict()[name], tensor, rtol=0, atol=0)
 
     with warnings.catch_warnings():
-        pl = _lightning()
+        pl = quiet_lightning()
         loaded = _gan_class(pl.LightningModule).load_from_checkpoint(path)
     ours = _gan_class(gl.Module).load_from_checkpoint(path)
     for name, tensor in ours.state_dict().items():

@@ -1,7 +1,6 @@
 """The warnings Lightning 2.6 gives about something a user must act on, given by GPUlayer in the same cases:
 an epoch shorter than ``log_every_n_steps`` (``PossibleUserWarning``), a checkpoint folder that is not empty."""
 
-import logging
 import warnings
 
 import pytest
@@ -10,28 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
 
-
-def _lightning():
-    warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return pl
-
-
-def _regressor(base):
-    class Regressor(base):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    return Regressor
+from .conftest import line_fitter, quiet_lightning
 
 
 def _warnings(framework, root, **arguments) -> list[tuple[str, str]]:
@@ -43,7 +21,7 @@ def _warnings(framework, root, **arguments) -> list[tuple[str, str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         framework.Trainer(**options, **extra).fit(
-            _regressor(gl.Module if is_ours else framework.LightningModule)(), loader
+            line_fitter(gl.Module if is_ours else framework.LightningModule)(), loader
         )
     kinds = ("The number of training batches", "Checkpoint directory")
     return [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(kinds)]
@@ -61,7 +39,7 @@ def _warnings(framework, root, **arguments) -> list[tuple[str, str]]:
 )
 def test_an_epoch_shorter_than_the_logging_interval_warns_as_in_lightning(tmp_path, arguments, warned):
     with warnings.catch_warnings():
-        theirs = _warnings(_lightning(), tmp_path / "lightning", **arguments)
+        theirs = _warnings(quiet_lightning(), tmp_path / "lightning", **arguments)
     ours = _warnings(gl, tmp_path / "gpulayer", **arguments)
     assert ours == theirs
     # Lightning's message, word for word: scripts filter warnings by it.
@@ -79,7 +57,7 @@ def test_a_checkpoint_folder_that_is_not_empty_warns_as_in_lightning(tmp_path):
         folder.mkdir(parents=True)
         (folder / "notes.txt").write_text("mine")
         with warnings.catch_warnings():
-            framework = _lightning() if name == "lightning" else gl
+            framework = quiet_lightning() if name == "lightning" else gl
             caught = _warnings(framework, tmp_path / name, logger=False, enable_checkpointing=True)
         found[name] = [(kind, message.replace(str(tmp_path / name), "ROOT")) for kind, message in caught]
     assert found["gpulayer"] == found["lightning"] and found["gpulayer"]

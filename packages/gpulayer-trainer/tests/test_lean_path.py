@@ -72,7 +72,27 @@ class LoggingATorchMetric(LoggingRegressor):
         return loss
 
 
-@pytest.mark.parametrize("module", [LoggingRegressor, LoggingATorchMetric], ids=["tensors", "a torchmetric too"])
+class LoggingByHand(LoggingRegressor):
+    """The same under manual optimization: the step's own backward and optimizer step add no read."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+@pytest.mark.parametrize(
+    "module",
+    [LoggingRegressor, LoggingATorchMetric, LoggingByHand],
+    ids=["tensors", "a torchmetric too", "manual optimization"],
+)
 def test_a_60_step_run_reads_tensors_only_on_log_steps_and_at_epoch_ends(tmp_path, host_reads, capsys, module):
     reads, trainer_box = host_reads
     generator = torch.Generator().manual_seed(0)

@@ -128,6 +128,10 @@ class Runtime:
         self._owns_group = True
         if placement.backend == "gloo":  # NCCL groups are left to the process's exit (see __exit__)
             clean_exit.close_at_clean_exit(self.close)
+            # Gloo's connection setup ends on each rank on its own: without this barrier a rank could leave
+            # Runtime(), finish and close its sockets while a peer still connects, which then fails with
+            # "connectFullMesh failed ... Connection closed by peer" (seen once in a loaded hunt).
+            dist.barrier()
 
 
 def _store_of_this_attempt(placement: Placement, timeout: timedelta | None) -> dist.Store:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.trainer import Trainer
 
 CALLBACK_HOOKS = (
     "setup",
@@ -61,127 +65,127 @@ class Callback:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
         pass
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
         pass
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int) -> None:
         pass
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         pass
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_predict_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
     def on_validation_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
     def on_validation_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
     def on_test_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
     def on_test_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
     def on_predict_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
     def on_predict_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         pass
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_test_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_predict_start(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_predict_end(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: Module, exception: BaseException) -> None:
         pass
 
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
         pass
 
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
         pass
 
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+    def on_before_backward(self, trainer: Trainer, pl_module: Module, loss: torch.Tensor) -> None:
         pass
 
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+    def on_after_backward(self, trainer: Trainer, pl_module: Module) -> None:
         pass
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: Module, optimizer: torch.optim.Optimizer) -> None:
         pass
 
-    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_zero_grad(self, trainer: Trainer, pl_module: Module, optimizer: torch.optim.Optimizer) -> None:
         pass
 
 

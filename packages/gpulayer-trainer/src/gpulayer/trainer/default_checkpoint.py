@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpulayer.trainer.callback import Checkpoint
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.trainer import Trainer
 
 
 class DefaultCheckpoint(Checkpoint):
@@ -29,17 +33,17 @@ class DefaultCheckpoint(Checkpoint):
         # ModelCheckpoint's key for its default arguments, so either one restores the other's state.
         return "ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = trainer.runtime.broadcast(os.path.join(trainer.log_dir, "checkpoints"))
         if trainer.is_global_zero and stage == "fit" and os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
             warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", UserWarning, stacklevel=2)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         if self._saves_on_train_epoch_end(trainer):
             self._save(trainer)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: Module) -> None:
         if not self._saves_on_train_epoch_end(trainer):
             self._save(trainer)
 
@@ -61,7 +65,7 @@ class DefaultCheckpoint(Checkpoint):
             self.best_model_path = state_dict.get("best_model_path", "")
             self.last_model_path = state_dict.get("last_model_path", "")
 
-    def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
         """Lightning's rule: at train epoch end unless validation runs on its own schedule within epochs."""
         if trainer.check_val_every_n_epoch != 1:
             return False
@@ -69,7 +73,7 @@ class DefaultCheckpoint(Checkpoint):
             return True
         return trainer.val_check_interval == 1.0
 
-    def _save(self, trainer: Any) -> None:
+    def _save(self, trainer: Trainer) -> None:
         if (
             trainer.fast_dev_run
             or trainer.state.fn != "fit"
@@ -90,7 +94,7 @@ class DefaultCheckpoint(Checkpoint):
         if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
             os.remove(previous)
 
-    def _free_name(self, trainer: Any, stem: str, replaced: str) -> str:
+    def _free_name(self, trainer: Trainer, stem: str, replaced: str) -> str:
         """Lightning's version counter: ``-v1``, ``-v2`` while the name is taken by a file this run keeps. Rank 0's
         view of the folder decides, so every rank names the file rank 0 writes."""
         path = os.path.join(self.dirpath, f"{stem}.ckpt")
@@ -100,7 +104,7 @@ class DefaultCheckpoint(Checkpoint):
             version += 1
         return path
 
-    def _may_remove(self, trainer: Any, previous: str, current: str) -> bool:
+    def _may_remove(self, trainer: Trainer, previous: str, current: str) -> bool:
         """Never the file just written, the one this run resumed from, or one outside ``dirpath`` (Lightning's rule)."""
         if previous == current or not os.path.exists(previous):
             return False

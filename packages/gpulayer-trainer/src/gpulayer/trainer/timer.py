@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.callback import Callback
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.trainer import Trainer
 
 
 class Timer(Callback):
@@ -28,16 +32,16 @@ class Timer(Callback):
         end = time.monotonic() if self._end is None else self._end
         return end - self._start + self._offset
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
         self._check(trainer)
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
         self._start, self._end = time.monotonic(), None
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         self._end = time.monotonic()
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._check(trainer)
 
     def state_dict(self) -> dict[str, Any]:
@@ -46,6 +50,6 @@ class Timer(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._offset = state_dict["time_elapsed"].get("train", 0.0)
 
-    def _check(self, trainer: Any) -> None:
+    def _check(self, trainer: Trainer) -> None:
         # Each rank reads its own clock; on several ranks the fit loop combines should_stop at its sync points.
         trainer.should_stop = trainer.should_stop or self.time_elapsed() >= self.duration

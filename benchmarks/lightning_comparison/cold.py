@@ -1,8 +1,12 @@
-"""One cold start: ``python cold.py WORKLOAD VARIANT STEPS STARTED_AT`` prints a JSON line.
+"""One cold start: ``python cold.py WORKLOAD VARIANT STEPS STARTED_AT [DEVICES]`` prints a JSON line.
 
 ``STARTED_AT`` is the parent's ``time.time()`` just before it started this process, so ``first_step_s`` counts
 the interpreter's start, the imports, building the model and the trainer, and the first step. Also measured:
 ``import torch`` and the framework's import on top of it, and the peak resident memory of the whole fit.
+
+With ``DEVICES`` (a trainer variant only) the trainer is given ``devices=DEVICES`` on the CPU and starts its
+processes as a user's script would: GPUlayer runs the script again under ``gpulayer launch``, Lightning's DDP
+strategy runs it again for each other rank. Rank 0 prints the line; ``first_step_s`` is rank 0's.
 """
 
 import time
@@ -10,6 +14,7 @@ import time
 _start = time.perf_counter()
 
 import json  # noqa: E402
+import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 
@@ -20,6 +25,7 @@ _torch_imported = time.perf_counter()
 
 def main() -> None:
     workload_name, variant, steps, started_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    devices = int(sys.argv[5]) if len(sys.argv) > 5 else None
     before = time.perf_counter()
     if variant == "gpulayer":
         import gpulayer.trainer  # noqa: F401
@@ -32,7 +38,10 @@ def main() -> None:
 
     workload = WORKLOADS[workload_name]
     clock = FirstStepClock(steps)
-    loss = train(variant, workload, workload.batches(steps), distributed=False, clock=clock)
+    distributed = devices is not None
+    loss = train(variant, workload, workload.batches(steps), distributed=distributed, clock=clock, devices=devices)
+    if distributed and os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) != "0":
+        return
     print(
         json.dumps(
             {

@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
+    parser.add_argument(
+        "--pin", action="store_true", help="under DDP, each rank (and the threads it starts) on a core of its own"
+    )
     args = parser.parse_args()
     distributed = "RANK" in os.environ
     if distributed and args.device != "cpu":
@@ -36,6 +39,9 @@ def main() -> None:
             f"--precision {args.precision}: the CPU rounds run at 32-true only (bf16 autocast is measured on CUDA)"
         )
     torch.set_num_threads(1)
+    if distributed and args.pin:  # before the group exists: gloo's threads inherit the core
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ["LOCAL_RANK"]) % len(cores)]})
     if distributed:
         dist.init_process_group("gloo")  # the launcher's; every variant's DDP joins it
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -44,7 +50,7 @@ def main() -> None:
     setting = {"device": args.device, "precision": args.precision}
     for name in args.workloads.split(","):
         workload = WORKLOADS[name]
-        if distributed and workload.adversarial:  # see workloads.py: one process only
+        if distributed and workload.one_process:  # see workloads.py
             continue
         steps = workload.steps // 4 if args.quick else workload.steps
         batches = workload.batches(steps, rank, world_size)
@@ -59,6 +65,8 @@ def main() -> None:
                 loss = train(variant, workload, batches, distributed, clock, **setting)
                 timings[variant]["seconds_per_step"].append(clock.seconds_per_step())
                 timings[variant]["final_loss"].append(loss)
+                if clock.log_call_ns:  # the trainers: the time of one self.log call on a step that does not log
+                    timings[variant].setdefault("seconds_per_log_call", []).append(clock.seconds_per_log_call())
         results[name] = {"steps": steps, "world_size": world_size, **setting, "variants": timings}
     if rank == 0:
         with open(args.out, "w") as out:

@@ -10,7 +10,8 @@ and the loss, fp32 weights, no gradient scaler). The batches start on the CPU an
 - ``raw_lightning_order``: the same loop in Lightning's order of a step: ``optimizer.step(closure)``, the closure
   running the forward pass, then ``zero_grad``, then ``backward``. A trainer that keeps Lightning's hook order
   (``training_step`` before ``optimizer_zero_grad``) cannot go below it; the gap to ``raw`` is the order's cost;
-- ``gpulayer``: GPUlayer's Trainer without logger or checkpoints, as the raw loop writes no files;
+- ``gpulayer``: GPUlayer's Trainer without logger, checkpoints or log line, as the raw loop writes and prints
+  nothing (the same switches as ``lightning``'s);
 - ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
 - ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import statistics
 import tempfile
 import time
 import warnings
@@ -29,6 +31,7 @@ import torch
 from workloads import Workload, adversarial_step, optimizers_of
 
 VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
+LOG_EVERY_N_STEPS = 50  # both trainers' default: steps (batch_idx + 1) % 50 == 0 gather and emit the logged values
 
 
 class Clock:
@@ -41,6 +44,7 @@ class Clock:
     def __init__(self, steps: int, device: str = "cpu") -> None:
         self.first, self.last = max(2, steps // 10), steps - 1
         self.marks: list[float] = []
+        self.log_call_ns: list[float] = []
         self._synchronize = torch.cuda.synchronize if device == "cuda" else None
 
     def tick(self, step: int) -> None:
@@ -52,6 +56,14 @@ class Clock:
     def seconds_per_step(self) -> float:
         start, end = self.marks
         return (end - start) / (self.last - self.first)
+
+    def logged(self, step: int, nanoseconds: int, calls: int) -> None:
+        """The time ``calls`` ``self.log`` calls took in ``step``, kept for a timed step that is not a log step."""
+        if self.first <= step < self.last and (step + 1) % LOG_EVERY_N_STEPS:
+            self.log_call_ns.append(nanoseconds / calls)
+
+    def seconds_per_log_call(self) -> float | None:
+        return statistics.median(self.log_call_ns) / 1e9 if self.log_call_ns else None
 
 
 class FirstStepClock(Clock):
@@ -70,14 +82,21 @@ def train(
     clock: Clock | None = None,
     device: str = "cpu",
     precision: str = "32-true",
+    devices: int | None = None,
 ) -> float:
-    """One fit with ``variant``; ``clock`` (default: a new ``Clock``) holds its timings. Returns the final loss."""
+    """One fit with ``variant``; ``clock`` (default: a new ``Clock``) holds its timings. Returns the final loss.
+
+    ``devices``: what the trainers are given (default: the launcher's ``LOCAL_WORLD_SIZE`` when ``distributed``,
+    else 1); more than the processes running makes each trainer start its own (a script run with ``devices=2``).
+    """
     clock = clock if clock is not None else Clock(len(batches), device)
+    if devices is None:
+        devices = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1
     if variant.startswith("raw"):
         lightning_order = variant == "raw_lightning_order"
         net = _raw(workload, batches, clock, distributed, device, precision, lightning_order)
     else:
-        net = _trainer(variant, workload, batches, clock, distributed, device, precision)
+        net = _trainer(variant, workload, batches, clock, devices, device, precision)
     return workload.final_loss(net, batches, device)
 
 
@@ -96,6 +115,7 @@ def _raw(
     mixed = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
     moves = device != "cpu"  # as the trainers: they move each batch on CUDA and hand it on as it is on the CPU
     optimizers = optimizers_of(net, workload.lr) if workload.adversarial else None
+    metric = workload.make_metric() if workload.make_metric is not None else None
     for step, (inputs, targets) in enumerate(torch.utils.data.DataLoader(batches, batch_size=None)):
         clock.tick(step)
         if moves:
@@ -104,22 +124,22 @@ def _raw(
             adversarial_step(net, optimizers, (inputs, targets), torch.Tensor.backward, mixed)
             continue
         if lightning_order:
-            _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed)
+            _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed, metric)
             continue
         optimizer.zero_grad()
         with mixed:
-            loss = workload.loss(model, (inputs, targets))
+            loss, _ = workload.step(model, (inputs, targets), metric)  # what a trainer would log, it computes
         loss.backward()
         optimizer.step()
     return net
 
 
 def _step_in_lightning_order(
-    workload: Workload, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, mixed: Any
+    workload: Workload, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, mixed: Any, metric: Any
 ) -> None:
     def closure() -> torch.Tensor:
         with mixed:
-            loss = workload.loss(model, batch)
+            loss, _ = workload.step(model, batch, metric)
         optimizer.zero_grad()
         loss.backward()
         return loss
@@ -128,12 +148,15 @@ def _step_in_lightning_order(
 
 
 def _trainer(
-    variant: str, workload: Workload, batches: list, clock: Clock, distributed: bool, device: str, precision: str
+    variant: str, workload: Workload, batches: list, clock: Clock, devices: int, device: str, precision: str
 ) -> torch.nn.Module:
+    # Both trainers' lean variants turn off what writes or prints (logger, checkpoints, progress output: GPUlayer's
+    # log line, Lightning's bar), as the raw loop writes and prints nothing.
+    lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     if variant == "gpulayer":
         from gpulayer.trainer import Module, Trainer
 
-        options: dict[str, Any] = {"logger": False, "enable_checkpointing": False}
+        options: dict[str, Any] = lean
     else:
         from lightning.pytorch import LightningModule as Module
         from lightning.pytorch import Trainer
@@ -142,7 +165,6 @@ def _trainer(
         logging.getLogger("lightning.fabric").setLevel(logging.ERROR)  # the tip to enable TF32 on CUDA
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")  # torch deprecates an isinstance check Lightning makes
-        lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
         options = {**lean, "enable_model_summary": False} if variant == "lightning" else {}
 
     class Bench(Module):
@@ -150,6 +172,7 @@ def _trainer(
             super().__init__()
             self.net = workload.seeded_net()
             self.automatic_optimization = not workload.adversarial
+            self.metric = workload.make_metric() if workload.make_metric is not None else None
 
         def training_step(self, batch, batch_idx):
             clock.tick(batch_idx)
@@ -157,9 +180,13 @@ def _trainer(
                 loss = adversarial_step(
                     self.net, self.optimizers(), batch, self.manual_backward, contextlib.nullcontext()
                 )
+                calls = [("loss", loss, {})]
             else:
-                loss = workload.loss(self.net, batch)
-            self.log("loss", loss)  # as a real module does
+                loss, calls = workload.step(self.net, batch, self.metric)
+            started = time.perf_counter_ns()
+            for name, value, options in calls:  # the loss at least, as a real module does
+                self.log(name, value, **options)
+            clock.logged(batch_idx, time.perf_counter_ns() - started, len(calls))
             return loss
 
         def configure_optimizers(self):
@@ -171,7 +198,7 @@ def _trainer(
     with tempfile.TemporaryDirectory() as root, _quiet():
         trainer = Trainer(
             accelerator=device,
-            devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1,
+            devices=devices,
             precision=precision,
             # cuDNN autotuning is process-wide, and GPUlayer turns it on for fits of 1,000 steps or more: off for all,
             # every variant runs the same convolution kernels.

@@ -6,6 +6,9 @@
 - ``gan``: a generator and a discriminator (MLPs, width 64) on 2-D points in batches of 16, each with its own
   SGD, stepped by ``adversarial_step`` (under the trainers: manual optimization). One process only: under DDP a
   raw loop and a trainer would wrap the two networks differently.
+- ``log_heavy``: the MLP with a busy ``training_step``: 8 ``self.log`` calls a step (two on the progress bar, one
+  also per epoch, one a torchmetrics ``BinaryAccuracy``). Every variant computes the logged values and updates the
+  metric; the trainers log them. One process only: what it measures is the cost of ``self.log``.
 
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
@@ -32,9 +35,23 @@ class Workload:
     loss: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
     lr: float
     adversarial: bool = False  # two optimizers stepped by adversarial_step
+    one_process: bool = False  # not run under DDP
+    # The step's loss and the self.log calls a trainer makes in it, as (name, value, options); the metric is
+    # ``make_metric()``'s, or None. By default the step logs its loss once, as a real module does.
+    logged_step: Callable[[nn.Module, tuple, Any], tuple[torch.Tensor, list[tuple[str, Any, dict]]]] | None = None
+    make_metric: Callable[[], Any] | None = None
 
     def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return self.make_batches(steps * world_size)[rank::world_size]
+
+    def step(
+        self, net: nn.Module, batch: tuple, metric: Any = None
+    ) -> tuple[torch.Tensor, list[tuple[str, Any, dict]]]:
+        """The training loss of ``batch``, and the ``self.log`` calls that go with it."""
+        if self.logged_step is not None:
+            return self.logged_step(net, batch, metric)
+        loss = self.loss(net, batch)
+        return loss, [("loss", loss, {})]
 
     def seeded_net(self) -> nn.Module:
         torch.manual_seed(SEED)  # the same initial weights in every variant
@@ -61,6 +78,27 @@ def _mlp() -> nn.Module:
 
 def _regression_loss(net: nn.Module, batch: tuple) -> torch.Tensor:
     return F.mse_loss(net(batch[0]), batch[1])
+
+
+def _busy_step(net: nn.Module, batch: tuple, accuracy: Any) -> tuple[torch.Tensor, list[tuple[str, Any, dict]]]:
+    """The MLP's loss, and 8 values logged as a busy training_step logs them."""
+    inputs, targets = batch
+    outputs = net(inputs)
+    loss = F.mse_loss(outputs, targets)
+    with torch.no_grad():
+        accuracy(outputs > 0, targets > 0)  # the metric's forward: it updates the state and keeps the batch's value
+        error = (outputs - targets).abs()
+        values = [("mae", error.mean()), ("max_error", error.amax()), ("output_mean", outputs.mean())]
+        values += [("output_std", outputs.std()), ("target_mean", targets.mean())]
+    calls = [("loss", loss, {"prog_bar": True}), ("accuracy", accuracy, {"prog_bar": True})]
+    calls += [("loss_per_epoch", loss, {"on_epoch": True}), *((name, value, {}) for name, value in values)]
+    return loss, calls
+
+
+def _binary_accuracy() -> Any:
+    from torchmetrics.classification import BinaryAccuracy  # installed with Lightning
+
+    return BinaryAccuracy()
 
 
 VOCAB, CONTEXT, WIDTH = 128, 32, 64
@@ -180,5 +218,16 @@ WORKLOADS = {
     "mlp": Workload("mlp", 2000, _mlp, _mlp_batches, _regression_loss, 0.01),
     "transformer": Workload("transformer", 200, _LanguageModel, _token_batches, _language_loss, 0.05),
     "cnn": Workload("cnn", 60, _cnn, _image_batches, _classification_loss, 0.05),
-    "gan": Workload("gan", 1000, _gan, _gan_batches, _gan_loss, 0.02, adversarial=True),
+    "gan": Workload("gan", 1000, _gan, _gan_batches, _gan_loss, 0.02, adversarial=True, one_process=True),
+    "log_heavy": Workload(
+        "log_heavy",
+        1000,
+        _mlp,
+        _mlp_batches,
+        _regression_loss,
+        0.01,
+        one_process=True,
+        logged_step=_busy_step,
+        make_metric=_binary_accuracy,
+    ),
 }

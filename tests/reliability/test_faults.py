@@ -8,6 +8,7 @@ behind (``jobs.run_job`` records every process of the job and kills it past its 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 import torch
@@ -131,13 +132,15 @@ def test_a_desync_ends_the_job_within_the_timeout_naming_the_collective(desync, 
     blamed = [rank for rank in (0, 1) if job.report(rank).startswith(f"gpulayer launch: rank {rank} ")]
     assert len(blamed) == 1, job.stderr
     # Each rank names the collective it waited in and where: rank 1 the barrier the script called, rank 0 DDP's
-    # gradient all-reduce in the backward of the batch it was training.
-    call_site = f"{SCRIPT}:{_desync_line()} in training_step"
-    assert f"CollectiveError: barrier timed out on rank 1, called at {call_site}" in job.stderr, job.stderr
-    ddp = (
-        "CollectiveError: DDP's gradient all-reduce timed out on rank 0, called at loss.backward() after training_step"
-    )
-    assert ddp in job.stderr, job.stderr
+    # gradient all-reduce in the backward of the batch it was training. Whether a rank's own timeout ends its wait
+    # or the closed connection of a peer that timed out a moment before and left is a race between the two ranks'
+    # clocks (a flake hunt saw both); the launcher names a rank whose collective timed out either way.
+    call_site = re.escape(f"{SCRIPT}:{_desync_line()} in training_step")
+    barrier = f"CollectiveError: barrier (timed out|failed) on rank 1, called at {call_site}"
+    assert re.search(barrier, job.stderr), job.stderr
+    ddp = r"CollectiveError: DDP's gradient all-reduce (timed out|failed) on rank 0, called at loss\.backward\(\) after"
+    assert re.search(ddp, job.stderr), job.stderr
+    assert f"timed out on rank {blamed[0]}, called at " in job.report(blamed[0]).splitlines()[0], job.stderr
     assert job.processes_left == [], f"processes of the job outlived it: {job.processes_left}"
     outcome(
         "Faults",

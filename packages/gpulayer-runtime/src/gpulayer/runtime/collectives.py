@@ -36,6 +36,13 @@ class CollectiveError(RuntimeError):
         super().__init__(f"{collective} {what} on rank {rank}, called at {call_site}{hint}. Cause: {cause}")
 
 
+def timed_out_in_record(message: str) -> bool:
+    """Whether ``message``, a rank's recorded error, is a ``CollectiveError`` whose collective timed out: that rank
+    waited for a peer that never came. One that failed broke under a peer that left, as a rank that timed out does
+    at once, so the rank that timed out is nearer the cause."""
+    return message.startswith("CollectiveError: ") and " timed out on rank " in message.split(", called at ", 1)[0]
+
+
 def is_transport_failure(error: BaseException) -> bool:
     """Whether ``error`` came from the process group itself (gloo, NCCL, the store), not from the user's code: torch
     raises some of these as its ``DistError``s and others, such as gloo's timeouts, as bare RuntimeErrors."""

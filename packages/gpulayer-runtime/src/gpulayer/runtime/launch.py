@@ -202,8 +202,9 @@ def _worker_failed(failed: Any) -> WorkerFailedError:
     the rank that raised may still be exiting when a peer, whose collective broke because of it, has already died
     and the agent has stopped the raiser with SIGTERM. So: a recorded exception of the user's first; then a death no
     record explains (SIGKILL, an exit code); then a recorded consequence (a failed collective names the call that
-    could not complete); last a rank the agent stopped with SIGTERM before it recorded anything. Among equals, the
-    earliest.
+    could not complete), a collective that timed out before one that broke because its peer left (the rank that
+    timed out leaves at once, so its peer's record can be written first); last a rank the agent stopped with SIGTERM
+    before it recorded anything. Among equals, the earliest.
     """
     failures = [(rank, failure, *_message_and_traceback(failure)) for rank, failure in failed.failures.items()]
     rank, failure, message, traceback = min(
@@ -219,10 +220,14 @@ _CONSEQUENCES = ("CollectiveError", "DistError", "DistBackendError", "DistNetwor
 
 
 def _blame_order(failure: Any, message: str) -> int:
+    from gpulayer.runtime.collectives import timed_out_in_record  # torch is loaded by now: a job failed
+
     recorded = isinstance(failure.message, dict)
     if recorded:
-        return 2 if message.startswith(_CONSEQUENCES) else 0
-    return 3 if failure.exitcode == -signal.SIGTERM else 1
+        if not message.startswith(_CONSEQUENCES):
+            return 0
+        return 2 if timed_out_in_record(message) else 3
+    return 4 if failure.exitcode == -signal.SIGTERM else 1
 
 
 def _message_and_traceback(failure: Any) -> tuple[str, str | None]:

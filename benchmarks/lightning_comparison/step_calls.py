@@ -47,13 +47,13 @@ class CallTree:
 
 def _where(frame: FrameType) -> str:
     path = frame.f_code.co_filename
-    for marker, short in (("gpulayer/", "* gpulayer/"), ("site-packages/", ""), ("python3.", "")):
-        if marker in path:
-            path = short + path.split(marker, 1)[1] if marker != "python3." else path.rsplit("/", 1)[-1]
-            break
-    else:
-        path = os.path.basename(path)
-    return f"{path}:{frame.f_code.co_name}"
+    if "gpulayer/" in path:
+        where = "* gpulayer/" + path.split("gpulayer/", 1)[1]
+    elif "site-packages/" in path:
+        where = path.split("site-packages/", 1)[1]
+    else:  # Python's own modules, the benchmark's files
+        where = os.path.basename(path)
+    return f"{where}:{frame.f_code.co_name}"
 
 
 def main() -> None:

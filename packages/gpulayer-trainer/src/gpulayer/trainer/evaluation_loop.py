@@ -5,7 +5,6 @@ Lightning 2.6's is ``_EvaluationLoop`` in ``lightning/pytorch/loops/evaluation_l
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from typing import TYPE_CHECKING, Any
@@ -113,9 +112,7 @@ class EvaluationLoop:
         trainer = self.trainer
         module, hooks, hub = trainer.lightning_module, self.hooks, self.hub
         self._check_dataloader_idx(module)
-        self._step_runner = trainer.strategy.evaluation_step_runner(
-            functools.partial(hooks.module, f"{self.name}_step")
-        )
+        self._step_runner = trainer.strategy.evaluation_step_runner(hooks.step_caller(f"{self.name}_step"))
         self._step_context = trainer.strategy.precision_plugin.step_context
         several = len(self.loaders) > 1
         modes = {m: m.training for m in module.modules()}

@@ -36,6 +36,7 @@ from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWar
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
+from gpulayer.trainer.quiet_batches import next_busy_batch
 from gpulayer.trainer.results import ResultCollection
 from gpulayer.trainer.samplers import sampled, set_sampler_epoch
 from gpulayer.trainer.sync_decisions import SyncDecisions
@@ -229,6 +230,7 @@ class FitLoop:
             self.val_loop.setup_data()
         self.hub.activate(self.results)
         self.hooks.both("on_train_start")
+        self.log_line.start()
         while not self.done():
             self.run_epoch()
         self.hooks.both("on_train_end")
@@ -254,17 +256,26 @@ class FitLoop:
             iterator = stop_together(iterator, self.trainer.runtime)
         epoch_batches = batches(transfer.source(iterator), self.max_batches, start=self.batch_idx + 1)
         moves = transfer.moves  # else the transfer hands every batch back as it is
+        busy = next_busy_batch(self)
+        quiet = False  # after a quiet batch only the step limit can end the epoch (the others are busy batches)
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
-        while not self._epoch_should_end():
+        while not (self.global_step >= self.step_limit if quiet else self._epoch_should_end()):
             fetched = next(epoch_batches, None)
             if fetched is None:
                 break
             batch_idx, batch, self.is_last_batch = fetched
             self.batch_idx = batch_idx
             self.total_batches += 1
-            if not self.run_batch(transfer(batch, 0) if moves else batch, batch_idx):
+            if moves:
+                batch = transfer(batch, 0)
+            quiet = batch_idx < busy and not self.is_last_batch
+            if quiet:
+                quiet = self.run_quiet_batch(batch, batch_idx)
+                continue
+            if not self.run_batch(batch, batch_idx):
                 break
             self.after_batch()
+            busy = next_busy_batch(self)
         self.end_epoch()
 
     def _new_iterator(self) -> Any:
@@ -313,6 +324,30 @@ class FitLoop:
             return False
         accumulate = self.should_accumulate()
         outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
+        self.end_batch(outputs, loss, batch, batch_idx, accumulate)
+        return True
+
+    def run_quiet_batch(self, batch: Any, batch_idx: int) -> bool:
+        """A batch before ``next_busy_batch``: the step and the counters. A stop or a SIGTERM that came with it can
+        make any rule act: the batch then ends as every other does, and this returns False."""
+        hub = self.hub
+        self.phase = "batch"
+        hub.on_batch_start(batch)
+        outputs, loss = self.optimization.run(batch, batch_idx, False)
+        decided = self.decided
+        if decided.should_stop or decided.received_sigterm:
+            self.end_batch(outputs, loss, batch, batch_idx, False)
+            self.after_batch()
+            return False
+        self.at_sync_point = False
+        hub.on_batch_end()
+        self.phase = "validation"
+        self.batches_that_stepped += 1
+        return True
+
+    def end_batch(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> None:
+        """What follows a batch's optimization: schedulers, sync point, ``on_train_batch_end``, the log step."""
+        hooks, hub = self.hooks, self.hub
         if self.trainer.lr_scheduler_configs:  # step_schedulers does nothing without schedulers: no calls then
             self.step_schedulers(interval="step")
             if self.epoch_batches_reached():
@@ -331,13 +366,10 @@ class FitLoop:
             rows = hub.flush()  # reduces sync_dist values: every rank flushes here
             self.log_line.print(batch, loss)
             self.logger_rows.push(rows)
-        else:
-            if not (self.distributed or accumulate) and self.epoch_batches_reached():
-                self.decisions.check_loss_alone(loss)
-            self.log_line.count()
+        elif not (self.distributed or accumulate) and self.epoch_batches_reached():
+            self.decisions.check_loss_alone(loss)
         if self.decided.received_sigterm:
             self.decisions.preempt_if_asked()
-        return True
 
     def log_step_due(self) -> bool:
         """Lightning's cadence for step metrics, on a stepping batch: every ``log_every_n_steps`` batches that

@@ -6,6 +6,7 @@ callbacks that override a hook are called for it, so an unused hook costs nothin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.callback import CALLBACK_HOOKS, Callback
@@ -86,6 +87,20 @@ class Hooks:
             return getattr(self._module, name)(*args, **kwargs)
         finally:
             state["_current_fx_name"] = previous
+
+    def step_caller(self, name: str) -> Callable[..., Any]:
+        """``module(name, ...)`` for a step method called every batch (``training_step``, ``validation_step``): the
+        module and its state looked up once. Step methods have no default to skip."""
+        module, state = self._module, self._module_state
+
+        def call(*args: Any) -> Any:
+            previous, state["_current_fx_name"] = state["_current_fx_name"], name
+            try:
+                return getattr(module, name)(*args)
+            finally:
+                state["_current_fx_name"] = previous
+
+        return call
 
     def both(self, name: str, *args: Any) -> Any:
         if self._overriding[name]:

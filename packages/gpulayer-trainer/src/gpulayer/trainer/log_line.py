@@ -23,26 +23,29 @@ class LogLine:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.shown = trainer.is_global_zero and trainer.args.enable_progress_bar
-        self._since: float | None = None
-        self._batches = 0
-        self._start_done = 0  # stepping batches done when the current interval began
+        # Where the current interval began: the time, the fit loop's batches, its batches that stepped.
+        self._since = 0.0
+        self._start_total = self._start_done = 0
 
-    def count(self) -> None:
-        """A batch that prints nothing: only counted, for the samples-per-second figure."""
-        self._batches += 1
-        if self._since is None:
-            self._since, self._start_done = time.monotonic(), self.trainer.fit_loop.batches_that_stepped
+    def start(self) -> None:
+        """Training starts: the first interval begins (the batches are the fit loop's counters, not counted here)."""
+        loop = self.trainer.fit_loop
+        self._since, self._start_total, self._start_done = (
+            time.monotonic(),
+            loop.total_batches,
+            loop.batches_that_stepped,
+        )
 
     def print(self, batch: Any, loss: torch.Tensor | None) -> None:
         """On a log step (the fit loop decides which): rank 0 prints the line, with this step's ``loss``."""
-        self.count()
         if self.shown:
             print(self._line(batch, loss), flush=True)
 
     def _line(self, batch: Any, loss: torch.Tensor | None) -> str:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
-        samples = self._batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
+        batches = trainer.fit_loop.total_batches - self._start_total
+        samples = batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
         # Progress counts batches that stepped (the units of estimated_stepping_batches): the loop counts this one
         # after the line. Under automatic optimization that is global_step; under manual optimization global_step
         # counts every optimizer's steps, so it is shown apart.
@@ -58,7 +61,7 @@ class LogLine:
         if total != math.inf and done > self._start_done:
             left = max(total - done, 0) * elapsed / (done - self._start_done)
             parts.append(f"{timedelta(seconds=round(left))} left")
-        self._since, self._batches, self._start_done = time.monotonic(), 0, done
+        self._since, self._start_total, self._start_done = time.monotonic(), trainer.fit_loop.total_batches, done
         return " | ".join(parts)
 
 

@@ -96,7 +96,7 @@ class ManualOptimization:
         self._hooks, self._strategy = hooks, strategy
         self._own_backward = is_overridden("backward", module, Module)
         self._takes_batch_idx = takes_batch_idx(module.training_step)
-        self._training_step = strategy.manual_training_step_runner(functools.partial(hooks.module, "training_step"))
+        self._training_step = strategy.manual_training_step_runner(hooks.step_caller("training_step"))
         self._step_context = precision.step_context
 
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any], torch.Tensor | None]:

@@ -9,7 +9,6 @@ batch all of that runs inside the closure handed to ``optimizer_step``, followed
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +52,7 @@ class AutomaticOptimization:
         self._takes_batch_idx = takes_batch_idx(module.training_step)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
         # that do not step keep their gradients local.
-        self._training_step = strategy.training_step_runner(functools.partial(hooks.module, "training_step"))
+        self._training_step = strategy.training_step_runner(hooks.step_caller("training_step"))
         self._no_sync = strategy.no_sync
         # What backward's gradient collective is called when it fails (a peer that never entered it, a lost peer).
         self._gradient_sync = strategy.gradient_sync

@@ -2,6 +2,7 @@
 them trains, validates, logs and stops exactly as the same run made to ask every rule at every batch."""
 
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,18 @@ class _Recorder(Module):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class _Scheduled(_Recorder):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class _BatchStartHook(_Recorder):
+    def on_train_batch_start(self, batch, batch_idx):
+        pass
 
 
 class _AsksEveryRule(Callback):
@@ -138,3 +151,32 @@ def test_a_batch_is_quiet_exactly_where_no_rule_acts(tmp_path):
             busy.add(step)
     assert [step for step, quiet in enumerate(model.quiet) if not quiet] == sorted(busy)
     assert model.validations == [(0, 5, 4), (0, 10, 9), (1, 16, 4), (1, 21, 9)]
+
+
+# Configurations whose rules do not follow the batch count: a step scheduler, accumulation and the batch hooks act at
+# every batch, a validation by time whenever the clock says, fast_dev_run's limits are checked per batch.
+NO_QUIET_BATCHES = {
+    "a learning rate scheduler stepped every step": (_Scheduled, {}),
+    "accumulation": (_Recorder, dict(accumulate_grad_batches=2)),
+    "validation by time": (_Recorder, dict(val_check_interval=timedelta(minutes=5))),
+    "fast_dev_run": (_Recorder, dict(fast_dev_run=7)),
+    "the module's on_train_batch_start": (_BatchStartHook, {}),
+}
+
+
+@pytest.mark.parametrize(("model_class", "trainer_args"), NO_QUIET_BATCHES.values(), ids=NO_QUIET_BATCHES)
+def test_rules_that_do_not_follow_the_batch_count_leave_no_quiet_batch(tmp_path, model_class, trainer_args):
+    model = model_class()
+    trainer = Trainer(
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        max_epochs=1,
+        log_every_n_steps=5,
+        **trainer_args,
+    )
+    trainer.fit(model, DataLoader(_data(44), batch_size=4), DataLoader(_data(8), batch_size=4))
+    assert len(model.quiet) >= 7
+    assert not any(model.quiet)

@@ -77,20 +77,24 @@ def _data(n):
     return TensorDataset(torch.randn(n, 4, generator=generator), torch.randn(n, 1, generator=generator))
 
 
-def _run(root: Path, every_rule: bool, trainer_args: dict, stop_at, unsized: bool):
-    seed_everything(7)
-    model = _Recorder(stop_at)
-    train = _Unsized(_data(44)) if unsized else _data(44)
+def _fit(root: Path, model: Module, train, **trainer_args) -> Trainer:
     trainer = Trainer(
         accelerator="cpu",
         enable_checkpointing=False,
         enable_progress_bar=False,
         num_sanity_val_steps=0,
         default_root_dir=root,
-        callbacks=[_AsksEveryRule()] if every_rule else [],
         **trainer_args,
     )
     trainer.fit(model, DataLoader(train, batch_size=4), DataLoader(_data(8), batch_size=4))
+    return trainer
+
+
+def _run(root: Path, every_rule: bool, trainer_args: dict, stop_at, unsized: bool):
+    seed_everything(7)
+    model = _Recorder(stop_at)
+    train = _Unsized(_data(44)) if unsized else _data(44)
+    trainer = _fit(root, model, train, callbacks=[_AsksEveryRule()] if every_rule else [], **trainer_args)
     csv = (root / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return model, trainer, csv, weights
@@ -167,16 +171,6 @@ NO_QUIET_BATCHES = {
 @pytest.mark.parametrize(("model_class", "trainer_args"), NO_QUIET_BATCHES.values(), ids=NO_QUIET_BATCHES)
 def test_rules_that_do_not_follow_the_batch_count_leave_no_quiet_batch(tmp_path, model_class, trainer_args):
     model = model_class()
-    trainer = Trainer(
-        accelerator="cpu",
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        log_every_n_steps=5,
-        **trainer_args,
-    )
-    trainer.fit(model, DataLoader(_data(44), batch_size=4), DataLoader(_data(8), batch_size=4))
+    _fit(tmp_path, model, _data(44), max_epochs=1, log_every_n_steps=5, **trainer_args)
     assert len(model.quiet) >= 7
     assert not any(model.quiet)

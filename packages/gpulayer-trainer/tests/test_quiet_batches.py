@@ -47,7 +47,7 @@ class _Recorder(Module):
 
 class _Scheduled(_Recorder):
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        optimizer = super().configure_optimizers()
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

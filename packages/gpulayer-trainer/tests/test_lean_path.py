@@ -151,7 +151,7 @@ def test_training_step_runs_nine_frames_below_fit_in_five_files(tmp_path):
         ("stages.py", "_fit"),
         ("fit_loop.py", "run"),
         ("fit_loop.py", "run_epoch"),
-        ("fit_loop.py", "run_quiet_batch"),
+        ("fit_loop.py", "run_batch"),
         ("optimization.py", "run"),
         ("optimization.py", "closure"),
         ("hooks.py", "call"),

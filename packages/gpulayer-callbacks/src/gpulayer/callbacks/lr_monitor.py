@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import Callback
+from gpulayer.trainer.callback import follows_cadence
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 
@@ -58,9 +59,14 @@ class LearningRateMonitor(Callback):
         self.lrs = {name: [] for name in names}
         self.last_momentum_values = {f"{name}-momentum": None for name in names}
         self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}
+        if self.logging_interval != "epoch":
+            trainer.cadence.before_log_steps()
 
+    @follows_cadence
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.logging_interval != "epoch" and _log_step_due(trainer):
+        # Lightning's should_update_logs before a batch: a log step by count, or a stop (none without log steps).
+        logs = trainer.log_every_n_steps and (trainer.cadence.is_log_step() or trainer.should_stop)
+        if self.logging_interval != "epoch" and logs:
             self._log(trainer, pl_module, "step" if self.logging_interval is None else "any")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -81,7 +87,7 @@ class LearningRateMonitor(Callback):
         )
         if stats and trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, step=trainer.fit_loop.batches_that_stepped)
+                logger.log_metrics(stats, step=trainer.cadence.logger_step)
 
     def _optimizer_stats(self, optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, float]:
         stats = {}
@@ -105,12 +111,6 @@ class LearningRateMonitor(Callback):
                 self.lrs[name] = self.lrs.pop(single)
             elif name not in self.lrs:
                 self.lrs[name] = []
-
-
-def _log_step_due(trainer: Any) -> bool:
-    """Lightning's ``should_update_logs`` before a batch: counts the batch about to run, accumulating or not."""
-    every = trainer.log_every_n_steps
-    return bool(every) and ((trainer.fit_loop.batches_that_stepped + 1) % every == 0 or trainer.should_stop)
 
 
 def _momentum_missing(trainer: Any) -> bool:

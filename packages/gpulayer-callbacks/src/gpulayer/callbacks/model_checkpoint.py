@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import Checkpoint
+from gpulayer.trainer.callback import follows_cadence
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.yaml_dump import yaml_document
 
@@ -150,10 +151,16 @@ class ModelCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._last_time_checked = time.monotonic()
+        if self._every_n_train_steps >= 1:
+            trainer.cadence.every_n_steps(self._every_n_train_steps)
+        if self._train_time_interval is not None:
+            trainer.cadence.clock(lambda: self._last_time_checked + self._train_time_interval.total_seconds())
 
+    @follows_cadence
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """``every_n_train_steps`` and ``train_time_interval`` saves (before the module's hook, as in Lightning)."""
-        skip_batch = self._every_n_train_steps < 1 or trainer.global_step % self._every_n_train_steps != 0
+        """``every_n_train_steps`` and ``train_time_interval`` saves (before the module's hook, as in Lightning), at
+        the batches the trainer's cadence plans for them."""
+        skip_batch = self._every_n_train_steps < 1 or not trainer.cadence.steps_due(self._every_n_train_steps)
         skip_time = True
         now = time.monotonic()
         if self._train_time_interval is not None:
@@ -162,8 +169,7 @@ class ModelCheckpoint(Checkpoint):
             if trainer.world_size > 1:
                 # Rank 0's clock decides, so all ranks save at one step; asked only at the loop's sync points (every
                 # log_every_n_steps steps and epoch ends), never with a collective on every batch.
-                at_sync_point = trainer.fit_loop.at_sync_point
-                skip_time = trainer.runtime.broadcast(skip_time) if at_sync_point else True
+                skip_time = trainer.runtime.broadcast(skip_time) if trainer.cadence.at_sync_point else True
         if skip_batch and skip_time:
             return
         if not skip_time:
@@ -277,7 +283,7 @@ class ModelCheckpoint(Checkpoint):
             return False
         every = trainer.check_val_every_n_epoch
         return (
-            trainer.fit_loop.val_enabled
+            trainer.enable_validation
             and sum(trainer.num_val_batches) > 0
             and (every is None or (trainer.current_epoch + 1) % every == 0)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,6 +50,17 @@ CALLBACK_HOOKS = (
     "on_before_optimizer_step",
     "on_before_zero_grad",
 )
+
+
+TRAIN_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
+
+
+def follows_cadence(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a train batch hook that acts only at the batches ``trainer.cadence`` plans (its callback adds its
+    triggers there in ``on_train_start``): the fit loop then calls it at those batches alone, and
+    ``on_train_batch_end`` receives ``outputs=None``. A subclass that overrides the hook is called at every batch."""
+    hook.follows_cadence = True  # type: ignore[attr-defined]
+    return hook
 
 
 class Callback:

@@ -112,9 +112,11 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
         scaler.load_state_dict(checkpoint["MixedPrecision"])
     loop = trainer.fit_loop
     loop.load_state_dict(checkpoint["loops"]["fit_loop"])
-    if loop.max_epochs != -1 and loop.epochs_completed > loop.max_epochs:  # Lightning's check, and its strict ">"
+    if (
+        loop.max_epochs != -1 and loop.progress.epochs_completed > loop.max_epochs
+    ):  # Lightning's check, and its strict ">"
         raise MisconfiguredValueError(
-            f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint is at current_epoch={loop.epochs_completed}, past "
+            f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint is at current_epoch={loop.progress.epochs_completed}, past "
             f"max_epochs={loop.max_epochs}; raise max_epochs to train on from it"
         )
     for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):

@@ -127,7 +127,7 @@ class EvaluationLoop:
                 continue
             idx = loader_idx if several else None
             predictions: list[Any] = []
-            set_sampler_epoch(loader, trainer.fit_loop.epochs_processed)
+            set_sampler_epoch(loader, trainer.fit_loop.progress.epochs_processed)
             iterator = iter(loader)
             if trainer.world_size > 1 and self.stage != "predict" and not has_length(loader):
                 iterator = stop_together(iterator, trainer.runtime)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpulayer.trainer.cadence import Cadence
 from gpulayer.trainer.data import (
     DataSource,
     agreed_batches,
@@ -36,7 +37,7 @@ from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWar
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
-from gpulayer.trainer.quiet_batches import next_busy_batch
+from gpulayer.trainer.progress import Progress
 from gpulayer.trainer.results import ResultCollection
 from gpulayer.trainer.samplers import sampled, set_sampler_epoch
 from gpulayer.trainer.sync_decisions import SyncDecisions
@@ -73,13 +74,7 @@ class FitLoop:
         self.results = ResultCollection(training=True)
         self.source: DataSource | None = None
         self.optimization: AutomaticOptimization | ManualOptimization | None = None
-        self.global_step = 0  # optimizer steps (advanced by the optimization)
-        self.epochs_completed = 0  # current_epoch
-        self.epochs_processed = 0
-        self.batches_that_stepped = 0
-        self.total_batches = 0
-        self.batch_idx = -1
-        self.is_last_batch = False
+        self.progress = Progress()
         self.loader: Any = None
         self.iterator: Any = None
         self.max_batches: int | float = 0
@@ -91,14 +86,10 @@ class FitLoop:
         self.step_limit: int | float = math.inf  # max_steps, with -1 as infinity
         self.val_enabled = False
         self.distributed = trainer.world_size > 1
+        self.cadence = Cadence(self)
         self.decisions = SyncDecisions(trainer, self._position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
-        self.at_sync_point = False  # whether the batch being run is one where the ranks combine decisions
         self._combine_batch_start = False
-        # Where the run is, for checkpoints: "idle", "batch" (up to on_train_batch_end), "validation" (after a
-        # batch), "epoch_end"; and the RNG states at which this epoch's iterator was made and first read.
-        self.phase = "idle"
-        self.data_snapshots: dict[str, Any] = {}
         self.resume: dict[str, Any] | None = None
 
     def attach(self, source: DataSource) -> None:
@@ -126,21 +117,23 @@ class FitLoop:
         self.step_limit = math.inf if args.max_steps == -1 else args.max_steps
 
     def can_stop_early(self) -> bool:
-        min_steps = self.args.min_steps
-        met_epochs = self.epochs_processed >= self.min_epochs if self.min_epochs else True
-        met_steps = self.global_step >= min_steps if min_steps else True
+        min_steps, progress = self.args.min_steps, self.progress
+        met_epochs = progress.epochs_processed >= self.min_epochs if self.min_epochs else True
+        met_steps = progress.global_step >= min_steps if min_steps else True
         return met_epochs and met_steps
 
     def done(self) -> bool:
-        if self.max_batches == 0 or self.global_step >= self.step_limit:
+        progress = self.progress
+        if self.max_batches == 0 or progress.global_step >= self.step_limit:
             return True
-        if self.max_epochs != -1 and self.epochs_processed >= self.max_epochs:
-            self.epochs_completed = self.epochs_processed
+        if self.max_epochs != -1 and progress.epochs_processed >= self.max_epochs:
+            progress.epochs_completed = progress.epochs_processed
             return True
         return self.decided.should_stop and self.can_stop_early()
 
     def _position(self) -> str:
-        return f"step {self.global_step} (epoch {self.epochs_completed}, batch_idx {self.batch_idx})"
+        progress = self.progress
+        return f"step {progress.global_step} (epoch {progress.epochs_completed}, batch_idx {progress.batch_idx})"
 
     # ---- data --------------------------------------------------------------------------------------------------
     def setup_data(self, reload: bool = False) -> None:
@@ -153,11 +146,11 @@ class FitLoop:
         self.loader = loader = sampled(loader, "train", trainer, fitting=True)
         count = num_batches(loader, args.limit_train_batches, "train")
         (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
-        if self.epochs_processed == 0 and self.resume is None:
+        if self.progress.epochs_processed == 0 and self.resume is None:
             self.iterator = self._new_iterator()
         if self.max_batches == 0:
             return
-        self.loaded_at_epoch = self.epochs_completed
+        self.loaded_at_epoch = self.progress.epochs_completed
         interval = args.val_check_interval
         if isinstance(interval, timedelta):
             self.val_check_batch = None
@@ -215,9 +208,10 @@ class FitLoop:
             self.last_val_time = time.monotonic()
 
     def run(self) -> None:
+        progress = self.progress
         self.setup_data()
         if self.resume is None:  # an epoch-end checkpoint's epoch is complete once training (re)starts
-            self.epochs_completed = self.epochs_processed
+            progress.epochs_completed = progress.epochs_processed
         self.decisions.reset()
         self.decisions.agree()
         self.decisions.preempt_if_asked()
@@ -229,6 +223,7 @@ class FitLoop:
         if self.should_validate_this_epoch():
             self.val_loop.setup_data()
         self.hub.activate(self.results)
+        self.cadence.reset()
         self.hooks.both("on_train_start")
         self.log_line.start()
         while not self.done():
@@ -236,51 +231,46 @@ class FitLoop:
         self.hooks.both("on_train_end")
 
     def run_epoch(self) -> None:
-        hooks, transfer = self.hooks, self.transfer
+        hooks, transfer, progress = self.hooks, self.transfer, self.progress
         self.hub.activate(self.results)
         resume, self.resume = self.resume, None
         if resume is None:
-            if reload_due(self.args, self.epochs_completed, self.loaded_at_epoch):
+            if reload_due(self.args, progress.epochs_completed, self.loaded_at_epoch):
                 self.setup_data(reload=True)
             hooks.both("on_train_epoch_start")
             iterator = self.iterator if self.iterator is not None else self._new_iterator()
             self.iterator = None
-            self.batch_idx, self.is_last_batch = -1, False
-            self.data_snapshots["first"] = data_rng_state(self.loader)
+            progress.batch_idx, progress.is_last_batch = -1, False
+            progress.data_snapshots["first"] = data_rng_state(self.loader)
+            self.cadence.start_epoch(0)
         else:
             iterator = self._replayed_iterator(resume["batch_idx"] + 1)
-            self.batch_idx = resume["batch_idx"]
-            self.is_last_batch = self.batch_idx + 1 == self.max_batches
+            progress.batch_idx = resume["batch_idx"]
+            progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
+            self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
             self.after_batch(validate=resume["phase"] == "batch")
+            self.cadence.plan(progress.batch_idx + 1)
         if self.distributed and not has_length(self.loader):
             iterator = stop_together(iterator, self.trainer.runtime)
-        epoch_batches = batches(transfer.source(iterator), self.max_batches, start=self.batch_idx + 1)
+        epoch_batches = batches(transfer.source(iterator), self.max_batches, start=progress.batch_idx + 1)
         moves = transfer.moves  # else the transfer hands every batch back as it is
-        busy = next_busy_batch(self)
-        quiet = False  # after a quiet batch only the step limit can end the epoch (the others are busy batches)
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
-        while not (self.global_step >= self.step_limit if quiet else self._epoch_should_end()):
+        ended = self._epoch_should_end()
+        while not ended:
             fetched = next(epoch_batches, None)
             if fetched is None:
                 break
-            batch_idx, batch, self.is_last_batch = fetched
-            self.batch_idx = batch_idx
-            self.total_batches += 1
+            batch_idx, batch, progress.is_last_batch = fetched
+            progress.batch_idx = batch_idx
+            progress.total_batches += 1
             if moves:
                 batch = transfer(batch, 0)
-            quiet = batch_idx < busy and not self.is_last_batch
-            if quiet:
-                quiet = self.run_quiet_batch(batch, batch_idx)
-                continue
-            if not self.run_batch(batch, batch_idx):
-                break
-            self.after_batch()
-            busy = next_busy_batch(self)
+            ended = self.run_batch(batch, batch_idx)
         self.end_epoch()
 
     def _new_iterator(self) -> Any:
-        set_sampler_epoch(self.loader, self.epochs_processed)
-        self.data_snapshots = {"iter": data_rng_state(self.loader)}
+        set_sampler_epoch(self.loader, self.progress.epochs_processed)
+        self.progress.data_snapshots = {"iter": data_rng_state(self.loader)}
         return iter(self.loader)
 
     def _replayed_iterator(self, consumed: int) -> Any:
@@ -293,72 +283,68 @@ class FitLoop:
                 stacklevel=3,
             )
         now = torch.get_rng_state()
-        set_sampler_epoch(self.loader, self.epochs_processed)
-        set_data_rng_state(self.loader, self.data_snapshots["iter"])
+        snapshots = self.progress.data_snapshots
+        set_sampler_epoch(self.loader, self.progress.epochs_processed)
+        set_data_rng_state(self.loader, snapshots["iter"])
         iterator = iter(self.loader)
-        set_data_rng_state(self.loader, self.data_snapshots["first"])
+        set_data_rng_state(self.loader, snapshots["first"])
         for _ in range(consumed):
             next(iterator)
         torch.set_rng_state(now)
         return iterator
 
     def _epoch_should_end(self) -> bool:
-        if self.global_step >= self.step_limit or self.epoch_batches_reached():
+        if self.progress.global_step >= self.step_limit or self.cadence.epoch_ends():
             return True
         return self.decided.should_stop and self.can_stop_early()
 
     def run_batch(self, batch: Any, batch_idx: int) -> bool:
-        """One training batch; False when ``on_train_batch_start`` returned -1 (the epoch ends)."""
-        hooks, hub = self.hooks, self.hub
-        self.phase = "batch"
+        """One training batch: the step and its counters, and the per-batch rules at a batch the cadence planned, or
+        where a stop, a SIGTERM or a clock rule is due. True when the epoch ends with it."""
+        progress, hub, cadence, decided = self.progress, self.hub, self.cadence, self.decided
+        progress.phase = "batch"
         hub.on_batch_start(batch)
-        skip_rest = (
-            "on_train_batch_start" in hooks.active and hooks.both("on_train_batch_start", batch, batch_idx) == -1
-        )
+        planned = batch_idx >= cadence.next_batch or progress.is_last_batch or decided.should_stop
+        if planned and "on_train_batch_start" in self.hooks.active and self._batch_start_ends_epoch(batch, batch_idx):
+            return True
+        accumulate = cadence.accumulates()
+        outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
+        if planned or decided.should_stop or decided.received_sigterm or cadence.clock_due <= time.monotonic():
+            self.end_batch(outputs, loss, batch, batch_idx, accumulate)
+            self.after_batch()
+            cadence.plan(batch_idx + 1)
+            return self._epoch_should_end()
+        hub.on_batch_end()
+        progress.phase = "validation"
+        if not accumulate:
+            progress.batches_that_stepped += 1
+        return progress.global_step >= self.step_limit
+
+    def _batch_start_ends_epoch(self, batch: Any, batch_idx: int) -> bool:
+        """``on_train_batch_start``; -1 (on any rank) ends the epoch, with the schedulers stepped as Lightning does."""
+        skip_rest = self.hooks.both("on_train_batch_start", batch, batch_idx) == -1
         if self._combine_batch_start:  # -1 on any rank ends the epoch on every rank (one collective per batch)
             skip_rest = self.trainer.runtime.any(skip_rest)
         if skip_rest:
-            self.is_last_batch = True
+            self.progress.is_last_batch = True
             self.step_schedulers(interval="step")
             self.step_schedulers(interval="epoch")
-            return False
-        accumulate = self.should_accumulate()
-        outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
-        self.end_batch(outputs, loss, batch, batch_idx, accumulate)
-        return True
-
-    def run_quiet_batch(self, batch: Any, batch_idx: int) -> bool:
-        """A batch before ``next_busy_batch``: the step and the counters. A stop or a SIGTERM that came with it can
-        make any rule act: the batch then ends as every other does, and this returns False."""
-        hub = self.hub
-        self.phase = "batch"
-        hub.on_batch_start(batch)
-        outputs, loss = self.optimization.run(batch, batch_idx, False)
-        decided = self.decided
-        if decided.should_stop or decided.received_sigterm:
-            self.end_batch(outputs, loss, batch, batch_idx, False)
-            self.after_batch()
-            return False
-        self.at_sync_point = False
-        hub.on_batch_end()
-        self.phase = "validation"
-        self.batches_that_stepped += 1
-        return True
+        return skip_rest
 
     def end_batch(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> None:
         """What follows a batch's optimization: schedulers, sync point, ``on_train_batch_end``, the log step."""
-        hooks, hub = self.hooks, self.hub
+        hooks, hub, cadence = self.hooks, self.hub, self.cadence
         if self.trainer.lr_scheduler_configs:  # step_schedulers does nothing without schedulers: no calls then
             self.step_schedulers(interval="step")
-            if self.epoch_batches_reached():
+            if cadence.epoch_ends():
                 self.step_schedulers(interval="epoch")
-        self.at_sync_point = self.distributed and self._is_sync_point()
-        if self.at_sync_point:
+        cadence.at_sync_point = self.distributed and cadence.is_sync_point()
+        if cadence.at_sync_point:
             hub.flush()  # sync_dist values reduced before the callbacks of this batch read them
         if "on_train_batch_end" in hooks.active:
             hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
-        if self.at_sync_point:
+        if cadence.at_sync_point:
             self.decisions.agree(loss)
         if not accumulate and self.log_step_due():
             if not self.distributed:
@@ -366,35 +352,26 @@ class FitLoop:
             rows = hub.flush()  # reduces sync_dist values: every rank flushes here
             self.log_line.print(batch, loss)
             self.logger_rows.push(rows)
-        elif not (self.distributed or accumulate) and self.epoch_batches_reached():
+        elif not (self.distributed or accumulate) and cadence.epoch_ends():
             self.decisions.check_loss_alone(loss)
         if self.decided.received_sigterm:
             self.decisions.preempt_if_asked()
 
     def log_step_due(self) -> bool:
-        """Lightning's cadence for step metrics, on a stepping batch: every ``log_every_n_steps`` batches that
-        stepped (counted across epochs), the batch that set ``should_stop``, and every step under ``fast_dev_run``."""
+        """Lightning's cadence for step metrics, on a stepping batch: a log step by count, the batch that set
+        ``should_stop``, and every step under ``fast_dev_run``."""
         args = self.args
         if args.fast_dev_run:
             return True
-        every = args.log_every_n_steps
-        return bool(every) and ((self.batches_that_stepped + 1) % every == 0 or self.decided.should_stop)
-
-    def _is_sync_point(self) -> bool:
-        """Where the ranks combine decisions: the log steps (``should_stop`` aside) and the epoch's last batch."""
-        if self.should_accumulate():
-            return False
-        every = self.args.log_every_n_steps
-        log_step = bool(every) and (self.batches_that_stepped + 1) % every == 0
-        return log_step or self.epoch_batches_reached() or bool(self.args.fast_dev_run)
+        return self.cadence.is_log_step() or (bool(args.log_every_n_steps) and self.decided.should_stop)
 
     def after_batch(self, validate: bool = True) -> None:
         """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
-        hub = self.hub
-        self.phase = "validation"
+        hub, progress = self.hub, self.progress
+        progress.phase = "validation"
         if validate and self.val_enabled and self.should_validate_now():  # val_enabled: its first test, call-free
             first_loop_iter = hub.first_loop_iter
-            if not self.should_accumulate():
+            if not self.cadence.accumulates():
                 self.hooks.module("on_validation_model_zero_grad")
             self.validate()
             hub.activate(self.results)
@@ -403,71 +380,49 @@ class FitLoop:
             self.decisions.preempt_if_asked()
         if self.trainer.lr_scheduler_configs:
             self.step_schedulers(interval="step", plateau=True)
-        if not self.should_accumulate():
-            self.batches_that_stepped += 1
+        self.cadence.at_sync_point = False
+        if not self.cadence.accumulates():
+            progress.batches_that_stepped += 1
 
     def end_epoch(self) -> None:
-        hooks, hub = self.hooks, self.hub
+        hooks, hub, progress = self.hooks, self.hub, self.progress
         hub.epoch_end_reached()
         hub.flush()  # the epoch values, reduced where sync_dist asks, before any callback reads them
-        self.epochs_processed += 1
-        self.phase = "epoch_end"
+        progress.epochs_processed += 1
+        progress.phase = "epoch_end"
         hooks.callbacks("on_train_epoch_end", monitoring=False)
         hooks.module("on_train_epoch_end")
         hub.flush()
         hooks.callbacks("on_train_epoch_end", monitoring=True)
         self.decisions.agree()
         hub.flush()
-        if self.epoch_batches_reached():
+        if self.cadence.epoch_ends():
             self.step_schedulers(interval="epoch", plateau=True)
         # Lightning logs the epoch row at the step of the epoch's last step row.
         self.logger_rows.push(hub.flush(), step_offset=-1)
         hub.reset_results()
-        self.epochs_completed = self.epochs_processed
-        self.phase = "idle"
+        progress.epochs_completed = progress.epochs_processed
+        progress.phase = "idle"
         self.decisions.preempt_if_asked()
 
     # ---- position, for checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epochs_processed": self.epochs_processed,
-            "epochs_completed": self.epochs_completed,
-            "global_step": self.global_step,
-            "batches_that_stepped": self.batches_that_stepped,
-            "total_batches": self.total_batches,
-            "batch_idx": self.batch_idx,
-            "phase": self.phase,
-            "data_snapshots": dict(self.data_snapshots),
-        }
+        return self.progress.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` was saved: mid-epoch from the next batch, else with the next epoch."""
-        self.epochs_processed = state["epochs_processed"]
-        self.global_step = state["global_step"]
-        # Saved in on_train_epoch_end, an epoch is processed but not yet completed: current_epoch catches up when
-        # training starts, after the sanity check (which reports the saved epoch, as in Lightning).
-        self.epochs_completed = state["epochs_completed"]
-        self.batches_that_stepped = state["batches_that_stepped"]
-        self.total_batches = state["total_batches"]
-        self.data_snapshots = dict(state["data_snapshots"])
+        self.progress.load_state_dict(state)
         self.iterator = None
         self.resume = state if state["phase"] in ("batch", "validation") else None
 
     # ---- decisions ---------------------------------------------------------------------------------------------
-    def epoch_batches_reached(self) -> bool:
-        return self.batch_idx + 1 == self.max_batches or self.is_last_batch
-
-    def should_accumulate(self) -> bool:
-        accumulation_done = (self.batch_idx + 1) % self.args.accumulate_grad_batches == 0
-        return not accumulation_done and not self.epoch_batches_reached()
-
     def should_validate_this_epoch(self) -> bool:
-        return self.val_enabled and validates_in_epoch(self.args, self.epochs_completed)
+        return self.val_enabled and validates_in_epoch(self.args, self.progress.epochs_completed)
 
     def should_validate_now(self) -> bool:
         if not self.should_validate_this_epoch():
             return False
-        if self.is_last_batch and self.val_check_batch == math.inf:
+        if self.progress.is_last_batch and self.val_check_batch == math.inf:
             return True
         if self.decided.should_stop and self.can_stop_early():
             return True
@@ -475,18 +430,15 @@ class FitLoop:
             due = time.monotonic() - self.last_val_time >= self.args.val_check_interval.total_seconds()
             if not self.distributed:
                 return due
-            return self.at_sync_point and self.trainer.runtime.any(due)  # the clocks of the ranks differ
-        if self.val_check_batch == math.inf:
-            return self.is_last_batch
-        index = self.total_batches - 1 if self.args.check_val_every_n_epoch is None else self.batch_idx
-        return (index + 1) % self.val_check_batch == 0
+            return self.cadence.at_sync_point and self.trainer.runtime.any(due)  # the clocks of the ranks differ
+        return self.cadence.validates()
 
     def step_schedulers(self, interval: str, plateau: bool = False) -> None:
         """The schedulers of ``interval`` due now: step-interval ones on stepping batches only."""
-        configs = self.trainer.lr_scheduler_configs
-        if not configs or not self.optimization.steps_schedulers or (interval == "step" and self.should_accumulate()):
+        configs, progress = self.trainer.lr_scheduler_configs, self.progress
+        if not configs or not self.optimization.steps_schedulers or (interval == "step" and self.cadence.accumulates()):
             return
-        count = (self.batch_idx if interval == "step" else self.epochs_completed) + 1
+        count = (progress.batch_idx if interval == "step" else progress.epochs_completed) + 1
         step_schedulers(configs, interval, count, self.hooks, lambda: self.trainer.callback_metrics, plateau)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.callback import CALLBACK_HOOKS, Callback
+from gpulayer.trainer.callback import CALLBACK_HOOKS, TRAIN_BATCH_HOOKS, Callback
 
 if TYPE_CHECKING:
     from gpulayer.trainer.module import Module
@@ -46,6 +46,7 @@ class Hooks:
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self.active: frozenset[str] = frozenset()
+        self.every_batch: frozenset[str] = frozenset()
 
     def attach(self, module: Module, callbacks: list[Callback]) -> None:
         from gpulayer.trainer.module import Module
@@ -63,6 +64,14 @@ class Hooks:
         # The hooks for which ``both`` calls anything: per-step callers skip the others (and building their
         # arguments) with one set lookup.
         self.active = frozenset(name for name in CALLBACK_HOOKS if self._overriding[name] or name not in self._noops)
+        # The train batch hooks that must run at every batch: the module's, and callbacks' not marked
+        # ``follows_cadence`` (as in Lightning, a user's batch hook sees every batch).
+        self.every_batch = frozenset(
+            name
+            for name in TRAIN_BATCH_HOOKS
+            if name not in self._noops
+            or any(getattr(getattr(cb, name), "follows_cadence", None) is not True for cb in self._overriding[name])
+        )
 
     def callbacks(self, name: str, *args: Any, monitoring: bool | None = None, **kwargs: Any) -> None:
         """``name`` on every callback that overrides it; ``monitoring`` selects one side of Lightning's split."""

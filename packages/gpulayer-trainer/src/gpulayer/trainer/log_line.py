@@ -32,8 +32,8 @@ class LogLine:
         loop = self.trainer.fit_loop
         self._since, self._start_total, self._start_done = (
             time.monotonic(),
-            loop.total_batches,
-            loop.batches_that_stepped,
+            loop.progress.total_batches,
+            loop.progress.batches_that_stepped,
         )
 
     def print(self, batch: Any, loss: torch.Tensor | None) -> None:
@@ -44,12 +44,12 @@ class LogLine:
     def _line(self, batch: Any, loss: torch.Tensor | None) -> str:
         trainer = self.trainer
         elapsed = max(time.monotonic() - self._since, 1e-9)
-        batches = trainer.fit_loop.total_batches - self._start_total
+        batches = trainer.fit_loop.progress.total_batches - self._start_total
         samples = batches * _safe_batch_size(batch) * trainer.world_size / elapsed  # over all ranks
         # Progress counts batches that stepped (the units of estimated_stepping_batches): the loop counts this one
         # after the line. Under automatic optimization that is global_step; under manual optimization global_step
         # counts every optimizer's steps, so it is shown apart.
-        total, done = trainer.estimated_stepping_batches, trainer.fit_loop.batches_that_stepped + 1
+        total, done = trainer.estimated_stepping_batches, trainer.fit_loop.progress.batches_that_stepped + 1
         if trainer.lightning_module.automatic_optimization:
             parts = [f"epoch {trainer.current_epoch}", f"step {trainer.global_step}/{_count(total)}"]
         else:
@@ -61,7 +61,11 @@ class LogLine:
         if total != math.inf and done > self._start_done:
             left = max(total - done, 0) * elapsed / (done - self._start_done)
             parts.append(f"{timedelta(seconds=round(left))} left")
-        self._since, self._start_total, self._start_done = time.monotonic(), trainer.fit_loop.total_batches, done
+        self._since, self._start_total, self._start_done = (
+            time.monotonic(),
+            trainer.fit_loop.progress.total_batches,
+            done,
+        )
         return " | ".join(parts)
 
 

@@ -35,7 +35,7 @@ class LoggerRows:
                 step = int(given)
             else:
                 scalars.setdefault("epoch", trainer.current_epoch)
-                step = trainer.fit_loop.batches_that_stepped + step_offset
+                step = trainer.cadence.logger_step + step_offset
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
             if save:

@@ -65,7 +65,7 @@ class ManualOptimizer:
             self._before_step(closure, unscale=True)
             output = scaler.step(optimizer, **kwargs)
             scaler.update()
-        self._loop.global_step += 1
+        self._loop.progress.global_step += 1
         return output
 
     def _before_step(self, closure: Callable[[], Any] | None, unscale: bool = False) -> Any:

@@ -61,8 +61,9 @@ class AutomaticOptimization:
         self._step_context = None if precision.step_context is contextlib.nullcontext else precision.step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
         self._clips = bool(args.gradient_clip_val) or is_overridden("configure_gradient_clipping", module, Module)
-        # Only on_train_batch_end receives the outputs: without it they are not built (a detach per step).
-        self._returns_outputs = "on_train_batch_end" in hooks.active
+        # Only an on_train_batch_end that runs at every batch reads the outputs (those that follow the cadence get
+        # None): without one they are not built (a detach per step).
+        self._returns_outputs = "on_train_batch_end" in hooks.every_batch
         # The step hooks a module does not override are their defaults, run directly: a hook call less each.
         self._own_zero_grad, self._own_backward, self._own_step = (
             is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "backward", "optimizer_step")
@@ -93,7 +94,7 @@ class AutomaticOptimization:
                 if "on_before_zero_grad" in active:
                     hooks.both("on_before_zero_grad", optimizer)
                 if self._own_zero_grad:
-                    hooks.module("optimizer_zero_grad", loop.epochs_completed, batch_idx, optimizer)
+                    hooks.module("optimizer_zero_grad", loop.progress.epochs_completed, batch_idx, optimizer)
                 else:
                     optimizer.zero_grad()
             if loss is not None:
@@ -134,10 +135,10 @@ class AutomaticOptimization:
         else:
             stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
             if self._own_step:
-                hooks.module("optimizer_step", loop.epochs_completed, batch_idx, stepper, closure)
+                hooks.module("optimizer_step", loop.progress.epochs_completed, batch_idx, stepper, closure)
             else:
                 stepper.step(closure=closure)
-            loop.global_step += 1
+            loop.progress.global_step += 1
         loss, extra, step_loss = result
         if not self._returns_outputs:
             return None, step_loss

@@ -6,7 +6,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.callback import Callback
+from gpulayer.trainer.callback import Callback, follows_cadence
 
 if TYPE_CHECKING:
     from gpulayer.trainer.module import Module
@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 class Timer(Callback):
     """Stops training once the time spent in it reaches ``duration`` (sanity check excluded).
 
-    Checked at ``on_fit_start`` and after every training batch; sets ``trainer.should_stop``, so the usual
-    rules follow: validation right after that batch, then the end of the epoch and of ``fit``.
+    Checked at ``on_fit_start`` and after every training batch the clock reaches ``duration`` at (the fit loop reads
+    the clock after each batch, ``Cadence.clock``); sets ``trainer.should_stop``, so the usual rules follow:
+    validation right after that batch, then the end of the epoch and of ``fit``.
     """
 
     def __init__(self, duration: timedelta) -> None:
@@ -37,12 +38,18 @@ class Timer(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
         self._start, self._end = time.monotonic(), None
+        trainer.cadence.clock(self._due)
 
     def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         self._end = time.monotonic()
 
+    @follows_cadence
     def on_train_batch_end(self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._check(trainer)
+
+    def _due(self) -> float:
+        """The ``time.monotonic()`` at which the time spent in training reaches ``duration``."""
+        return self._start + self.duration - self._offset
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_elapsed": {"train": self.time_elapsed()}}

@@ -17,6 +17,7 @@ from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
 from gpulayer.trainer.accelerators import accelerator_for
 from gpulayer.trainer.arguments import defaults_from_environment, parse_arguments
+from gpulayer.trainer.cadence import Cadence
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
@@ -328,11 +329,17 @@ class Trainer:
     # ---- state -------------------------------------------------------------------------------------------------------
     @property
     def global_step(self) -> int:
-        return self.fit_loop.global_step
+        return self.fit_loop.progress.global_step
 
     @property
     def current_epoch(self) -> int:
-        return self.fit_loop.epochs_completed
+        return self.fit_loop.progress.epochs_completed
+
+    @property
+    def cadence(self) -> Cadence:
+        """When the fit loop's per-batch rules act (``cadence.py``): callbacks read the log steps, sync points and
+        the logger's step from it, and add their own step and clock triggers to it."""
+        return self.fit_loop.cadence
 
     @property
     def strategy_name(self) -> str:
@@ -406,7 +413,7 @@ class Trainer:
     val_dataloaders = property(lambda self: _one_or_all(self.validate_loop.loaders))
     test_dataloaders = property(lambda self: _one_or_all(self.test_loop.loaders))
     predict_dataloaders = property(lambda self: _one_or_all(self.predict_loop.loaders))
-    is_last_batch = property(lambda self: self.fit_loop.is_last_batch)
+    is_last_batch = property(lambda self: self.fit_loop.progress.is_last_batch)
     global_rank = property(lambda self: self.runtime.global_rank)
     local_rank = property(lambda self: self.runtime.local_rank)
     node_rank = property(lambda self: self.runtime.node_rank)

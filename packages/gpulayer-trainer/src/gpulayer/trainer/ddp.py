@@ -143,7 +143,7 @@ class DDPStrategy(Strategy):
         if wrapped is None or not (torch.is_grad_enabled() and wrapped.require_backward_grad_sync):
             return
         wrapped.require_forward_param_sync = True
-        unused = list(_find_tensors(loss)) if wrapped.find_unused_parameters and not wrapped.static_graph else []
+        unused = list(_find_tensors(loss)) if self.find_unused_parameters and not self.static_graph else []
         wrapped.reducer._rebuild_buckets()
         wrapped.reducer.prepare_for_backward(unused)
 

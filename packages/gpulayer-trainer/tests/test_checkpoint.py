@@ -281,11 +281,12 @@ def _temporaries(folder):
 
 @pytest.mark.parametrize("suffix", [".ckpt.partial", ".ckpt"], ids=["named now", "named before the rename"])
 def test_the_next_save_removes_a_dead_writers_temporary_and_never_a_live_ones(tmp_path, suffix):
-    with _writer_stopped_mid_save(tmp_path / "dead.ckpt", suffix):
-        (left_by_dead,) = _temporaries(tmp_path)
-    assert left_by_dead.endswith(suffix)
+    # The live writer starts first: a writer's own save sweeps the folder too, and this test's save must be the one.
     with _writer_stopped_mid_save(tmp_path / "live.ckpt", suffix) as live:  # another job in the folder, writing
-        (being_written,) = set(_temporaries(tmp_path)) - {left_by_dead}
+        (being_written,) = _temporaries(tmp_path)
+        with _writer_stopped_mid_save(tmp_path / "dead.ckpt", suffix):
+            (left_by_dead,) = set(_temporaries(tmp_path)) - {being_written}
+        assert left_by_dead.endswith(suffix) and left_by_dead in _temporaries(tmp_path)
         checkpoint_io.save_atomic({"step": 1}, tmp_path / "mine.ckpt")
         assert _temporaries(tmp_path) == [being_written], "only the dead writer's file should be gone"
         live.stdin.close()  # the live writer finishes its save, undisturbed

@@ -166,8 +166,9 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_
     job = run_job(tmp_path, fault="kill_during_save", rank=0, max_epochs=2)
     assert_ended_naming(job, 0, "was killed by signal SIGKILL")
     folder = tmp_path / "checkpoints"
-    partial = sorted(folder.glob(".tmp-*.ckpt"))
+    partial = sorted(folder.glob(".tmp-*"))
     assert len(partial) == 1, "the kill should have landed while the temporary file was being written"
+    assert sorted(folder.glob("*.ckpt")) == [folder / "last.ckpt"], "no *.ckpt pattern finds the temporary file"
     last = folder / "last.ckpt"
     assert hashlib.sha256(last.read_bytes()).hexdigest() == (tmp_path / "before_kill.sha256").read_text()
     assert torch.load(last, weights_only=True)["global_step"] == STEPS_PER_EPOCH
@@ -179,7 +180,7 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_
     assert [r["started_at_step"] for r in records] == [[STEPS_PER_EPOCH]] * 2, "should resume from last.ckpt"
     assert [r["global_step"] for r in records] == [2 * STEPS_PER_EPOCH] * 2
     assert torch.load(last, weights_only=True)["global_step"] == 2 * STEPS_PER_EPOCH
-    assert sorted(folder.glob(".tmp-*.ckpt")) == [], "the resumed run's first save removes the dead writer's file"
+    assert sorted(folder.glob(".tmp-*")) == [], "the resumed run's first save removes the dead writer's file"
     outcome(
         "Faults",
         "SIGKILL of rank 0 while writing a checkpoint",
@@ -192,7 +193,8 @@ def test_a_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_
         leftover_files=[path.name for path in partial],
         result=(
             "the launcher exits 1 naming rank 0; last.ckpt is the previous save, loads, and the run resumes from it "
-            "to the end; the half-written temporary file stays in the checkpoint folder until the resumed run's first "
-            "save, which removes it (its writer's lock died with it)"
+            "to the end; the half-written temporary file (.tmp-*.ckpt.partial, which no *.ckpt pattern finds) stays "
+            "in the checkpoint folder until the resumed run's first save, which removes it (its writer's lock died "
+            "with it)"
         ),
     )

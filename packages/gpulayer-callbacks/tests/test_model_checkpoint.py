@@ -429,7 +429,8 @@ def test_a_dead_writers_leftover_is_removed_and_never_counted_in_the_top_k(tmp_p
             (callback,) = _lightning(_fit, framework, str(root), checkpoints=[kwargs], module=module)
         else:
             (root / "ckpts").mkdir(parents=True)
-            (root / "ckpts" / ".tmp-dead0000.ckpt").write_bytes(b"half a checkpoint")  # no writer holds it
+            for name in (".tmp-dead0000.ckpt.partial", ".tmp-dead0001.ckpt"):  # named now, and before the rename
+                (root / "ckpts" / name).write_bytes(b"half a checkpoint")  # no writer holds it
             with pytest.warns(UserWarning, match="exists and is not empty"):
                 (callback,) = _fit(framework, str(root), checkpoints=[kwargs], module=module)
         snapshots[framework] = _snapshot(callback, str(root))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, seed_everything
+from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, preemption, seed_everything
 from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
 
 
@@ -233,6 +233,7 @@ def half_then_block(obj, file):
     sys.stdin.read()  # the parent kills this process here
 
 checkpoint_io.torch.save = half_then_block
+checkpoint_io.TEMPORARY_SUFFIX = sys.argv[2]  # ".ckpt": a writer of a GPUlayer from before the rename
 checkpoint_io.save_atomic({"state": torch.zeros(3)}, sys.argv[1])
 """
 
@@ -244,7 +245,9 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_p
     trainer.save_checkpoint(path)
     before = path.read_bytes()
     with subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_SAVE, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(path), checkpoint_io.TEMPORARY_SUFFIX],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     ) as child:
         try:
             assert child.stdout.readline() == b"half written\n"
@@ -259,11 +262,11 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_p
 
 
 @contextlib.contextmanager
-def _writer_stopped_mid_save(path):
-    """A process that has written half of ``path``'s temporary file and waits (on its stdin) to finish the save;
-    killed, if still running, when the block ends."""
+def _writer_stopped_mid_save(path, suffix=checkpoint_io.TEMPORARY_SUFFIX):
+    """A process that has written half of ``path``'s temporary file (named ``.tmp-*<suffix>``) and waits (on its
+    stdin) to finish the save; killed, if still running, when the block ends."""
     with subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_SAVE, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(path), suffix], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     ) as child:
         try:
             assert child.stdout.readline() == b"half written\n"
@@ -273,14 +276,17 @@ def _writer_stopped_mid_save(path):
 
 
 def _temporaries(folder):
-    return sorted(name for name in os.listdir(folder) if name.startswith(".tmp-") and name.endswith(".ckpt"))
+    return sorted(name for name in os.listdir(folder) if name.startswith(".tmp-"))
 
 
-def test_the_next_save_removes_a_dead_writers_temporary_and_never_a_live_ones(tmp_path):
-    with _writer_stopped_mid_save(tmp_path / "dead.ckpt"):
-        (left_by_dead,) = _temporaries(tmp_path)
-    with _writer_stopped_mid_save(tmp_path / "live.ckpt") as live:  # another job sharing the folder, still writing
-        (being_written,) = set(_temporaries(tmp_path)) - {left_by_dead}
+@pytest.mark.parametrize("suffix", [".ckpt.partial", ".ckpt"], ids=["named now", "named before the rename"])
+def test_the_next_save_removes_a_dead_writers_temporary_and_never_a_live_ones(tmp_path, suffix):
+    # The live writer starts first: a writer's own save sweeps the folder too, and this test's save must be the one.
+    with _writer_stopped_mid_save(tmp_path / "live.ckpt", suffix) as live:  # another job in the folder, writing
+        (being_written,) = _temporaries(tmp_path)
+        with _writer_stopped_mid_save(tmp_path / "dead.ckpt", suffix):
+            (left_by_dead,) = set(_temporaries(tmp_path)) - {being_written}
+        assert left_by_dead.endswith(suffix) and left_by_dead in _temporaries(tmp_path)
         checkpoint_io.save_atomic({"step": 1}, tmp_path / "mine.ckpt")
         assert _temporaries(tmp_path) == [being_written], "only the dead writer's file should be gone"
         live.stdin.close()  # the live writer finishes its save, undisturbed
@@ -288,6 +294,27 @@ def test_the_next_save_removes_a_dead_writers_temporary_and_never_a_live_ones(tm
     assert _temporaries(tmp_path) == []
     assert (tmp_path / "live.ckpt").stat().st_size == 1_000_000
     assert checkpoint_io.load(tmp_path / "mine.ckpt") == {"step": 1}
+
+
+def test_no_checkpoint_pattern_finds_a_dead_writers_temporary(tmp_path):
+    # Where users and Lightning look for the newest checkpoint: a glob, "last", the hpc_ckpt_N.ckpt counter.
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), _loader())
+    trainer.save_checkpoint(tmp_path / "hpc_ckpt_1.ckpt")
+    with _writer_stopped_mid_save(tmp_path / "hpc_ckpt_2.ckpt"):
+        pass
+    with _writer_stopped_mid_save(tmp_path / "checkpoints" / "last.ckpt"):
+        pass
+    assert len(_temporaries(tmp_path)) == len(_temporaries(tmp_path / "checkpoints")) == 1
+    assert [path.name for path in tmp_path.rglob("*.ckpt")] == ["hpc_ckpt_1.ckpt"]
+    assert sorted(tmp_path.glob("*.ckpt"))[-1].name == "hpc_ckpt_1.ckpt"
+    assert list((tmp_path / "checkpoints").glob("*.ckpt")) == []
+    assert preemption.hpc_resume_path(str(tmp_path)).endswith("hpc_ckpt_1.ckpt")
+    resumed = _trainer(tmp_path, max_epochs=1, enable_checkpointing=True, logger=False)
+    with warnings.catch_warnings(), pytest.warns(UserWarning, match=r"no last\*\.ckpt found"):
+        warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty", UserWarning)
+        resumed.fit(Regressor(), _loader(), ckpt_path="last")
+    assert resumed.ckpt_path is None
 
 
 def test_a_restarted_worker_resumes_from_a_checkpoint_never_from_a_dead_writers_temporary(tmp_path, monkeypatch):

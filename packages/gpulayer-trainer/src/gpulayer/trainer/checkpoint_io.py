@@ -1,12 +1,13 @@
 """Writing a checkpoint file so that no crash can lose the previous one, and reading one without running code.
 
 Writes go to a temporary file in the same folder, are flushed and fsynced, then renamed over the target:
-a process killed mid-save leaves the old file intact, and its temporary ``.tmp-*.ckpt`` behind. The writer holds an
-exclusive lock on its temporary file until the rename, and the lock dies with the writer: the next save into the
-folder removes the temporaries nobody holds, never one that a live writer (another job sharing the folder) is
-still writing. Reads use ``torch.load(weights_only=True)``: only
+a process killed mid-save leaves the old file intact, and its temporary ``.tmp-*.ckpt.partial`` behind, a name no
+``*.ckpt`` pattern matches. The writer holds an exclusive lock on its temporary file until the rename, and the lock
+dies with the writer: the next save into the folder removes the temporaries nobody holds, never one that a live
+writer (another job sharing the folder) is still writing. Reads use ``torch.load(weights_only=True)``: only
 tensors and plain Python values are rebuilt; a file holding anything else is refused, naming the type, unless
-the caller says the file is trusted.
+the caller says the file is trusted. A file that is empty, truncated or no checkpoint at all is refused as such:
+trusting it would not help.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import pickle
 import re
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -33,12 +35,33 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """The checkpoint holds an object that could run code when loaded."""
 
 
-TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt"
+class DamagedCheckpointError(Exception):
+    """The file is no whole checkpoint, so no trust can load it. Each subclass is also the builtin type that torch
+    raised for most such files, so ``except`` clauses written for torch's errors still catch it."""
+
+
+class EmptyCheckpointError(DamagedCheckpointError, EOFError):
+    """The file has no bytes."""
+
+
+class TruncatedCheckpointError(DamagedCheckpointError, OSError):
+    """The file begins as a checkpoint but its end is missing."""
+
+
+class NotACheckpointError(DamagedCheckpointError, pickle.UnpicklingError):
+    """The file is not a checkpoint: not a format ``torch.save`` writes, or not a dict."""
+
+
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt.partial"
+_OLD_TEMPORARY_SUFFIX = ".ckpt"  # the name until 2026-12-04, which ``*.ckpt`` matched; an upgraded run may leave some
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6 is a zip archive
+# The older format opens with the pickled magic number: b"\x80", the pickle protocol, then this.
+_LEGACY_MAGIC = b"\x8a\n" + torch.serialization.MAGIC_NUMBER.to_bytes(10, "little")
 
 
 def is_temporary(name: str) -> bool:
     """Whether a file name in a checkpoint folder is a save under way (or the leftover of a writer that died)."""
-    return name.startswith(TEMPORARY_PREFIX) and name.endswith(TEMPORARY_SUFFIX)
+    return name.startswith(TEMPORARY_PREFIX) and name.endswith((TEMPORARY_SUFFIX, _OLD_TEMPORARY_SUFFIX))
 
 
 def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
@@ -61,7 +84,7 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
 
 
 def remove_dead_temporaries(folder: str) -> list[str]:
-    """Remove the ``.tmp-*.ckpt`` files in ``folder`` whose writer is gone (no process holds their lock); return
+    """Remove the temporary files in ``folder`` whose writer is gone (no process holds their lock); return
     their names. A file that a live writer holds stays."""
     if fcntl is None:
         return []
@@ -112,15 +135,19 @@ def _locked_temporary(folder: str) -> Iterator[tuple[IO[bytes], str]]:
 
 
 def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint; ``weights_only=False`` is the explicit opt-in for files you trust."""
+    """Read a checkpoint; ``weights_only=False`` is the explicit opt-in for files you trust. A damaged file raises a
+    ``DamagedCheckpointError`` naming what is wrong with it, whatever the trust."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if not weights_only:
-        return torch.load(path, map_location=map_location, weights_only=False)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as error:
+        damage = _damage(path)
+        if damage is not None:
+            raise damage from None  # torch's text would suggest weights_only=False, which cannot help
+        if not weights_only or not isinstance(error, pickle.UnpicklingError):
+            raise
         offending = re.search(r"GLOBAL ([\w.]+)", str(error))
         name = offending.group(1) if offending else "an object that is not a tensor or a plain Python value"
         raise UnsafeCheckpointError(
@@ -128,3 +155,38 @@ def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: An
             "run code. If you trust this file, load it with weights_only=False (fit(..., weights_only=False), "
             "Module.load_from_checkpoint(..., weights_only=False))."
         ) from None
+    if not isinstance(checkpoint, dict):
+        raise NotACheckpointError(
+            f"refused to load {path}: it is not a checkpoint: it holds a {type(checkpoint).__name__}, and a "
+            "checkpoint is a dict"
+        )
+    return checkpoint
+
+
+def _damage(path: str) -> DamagedCheckpointError | None:
+    """The error for a file that torch could not load, when its bytes show it to be empty, truncated or no
+    checkpoint; ``None`` for a whole archive (or a file in torch's pre-1.6 format), whose error is torch's own."""
+    with open(path, "rb") as file:
+        head = file.read(16)
+    refused = f"refused to load {path}: "
+    if not head:
+        return EmptyCheckpointError(refused + "the file is empty (0 bytes)")
+    if _ZIP_MAGIC.startswith(head[:4]):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile:
+            return TruncatedCheckpointError(
+                refused + f"the file is truncated: it stops after {os.path.getsize(path)} bytes, before the end of "
+                "the checkpoint it begins (a save that did not finish, or a copy that stopped early)"
+            )
+        if any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
+            return None
+        return NotACheckpointError(refused + "it is not a checkpoint: a zip archive that torch.save did not write")
+    if head[:1] == b"\x80":  # a pickle
+        if head[2:].startswith(_LEGACY_MAGIC):
+            return None
+        return NotACheckpointError(refused + "it is not a checkpoint: a pickle that torch.save did not write")
+    return NotACheckpointError(
+        refused + f"it is not a checkpoint: torch.save writes a zip archive, and this file begins with {head!r}"
+    )

@@ -106,7 +106,8 @@ def _arguments() -> argparse.Namespace:
     args.placements = selection.get("placements", list(available))
     if "raw" not in args.variants:
         parser.error(
-            f"--variants {','.join(args.variants)}: raw must be among them (every final loss is checked against the raw loop's)"
+            f"--variants {','.join(args.variants)}: raw must be among them (every final loss is checked against"
+            " the raw loop's)"
         )
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: accepted are 1 or more")
@@ -159,9 +160,8 @@ def _selection(parser: argparse.ArgumentParser, args: argparse.Namespace, availa
         unknown = [name for name in names or [] if name not in accepted[key]]
         if unknown:
             gpu = f" (GPU rows: {args.cuda_skipped})" if key == "placements" and args.cuda_skipped else ""
-            parser.error(
-                f"--{key}: unknown {', '.join(map(repr, unknown))}; accepted: {', '.join(map(repr, accepted[key]))}{gpu}"
-            )
+            names = ", ".join(map(repr, accepted[key]))
+            parser.error(f"--{key}: unknown {', '.join(map(repr, unknown))}; accepted: {names}{gpu}")
     return {key: names for key, names in given.items() if names}
 
 

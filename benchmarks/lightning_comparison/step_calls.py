@@ -1,11 +1,12 @@
 """Every Python call of one steady-state GPUlayer step on the MLP: ``python step_calls.py [--all] [--workload W]``.
 
-Trains the ``gpulayer`` variant's module (one process, CPU; with ``--workload default_install`` or
-``default_install_batch_hook``, in that workload's configuration: checkpoints, CSV logger, StepLR, LR monitor, and
-the batch counter's ``on_train_batch_end``; one epoch, so batch 100 is mid-epoch) and records, with ``sys.setprofile``, the calls made
+Trains the ``gpulayer`` variant's module (one process, CPU) and records, with ``sys.setprofile``, the calls made
 from the start of ``training_step`` at batch 100 to the start of the one at batch 101: the user's step, the
 optimizer's, the loop's bookkeeping and the next batch. Prints them as a tree, GPUlayer's frames marked ``*``;
 without ``--all`` a library's frame (torch's, Python's) called by a library's frame is folded into its caller.
+``--workload default_install`` (or ``default_install_batch_hook``) trains in that workload's configuration
+(checkpoints, CSV logger, StepLR, LR monitor; and the batch counter's ``on_train_batch_end``) for one epoch, so
+batch 100 is mid-epoch.
 benchmarks/README.md keeps the result.
 """
 
@@ -23,7 +24,8 @@ from default_install import callbacks, configure_optimizers
 from workloads import WORKLOADS
 
 TRACED_STEP = 100
-USER_FILES = ("workloads.py", "default_install.py", "step_calls.py")  # the benchmark's own frames: the user's code in a real script
+# The benchmark's own frames: the user's code in a real script.
+USER_FILES = ("workloads.py", "default_install.py", "step_calls.py")
 
 
 class CallTree:

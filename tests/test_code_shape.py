@@ -1,8 +1,9 @@
 """tools/code_shape.py counts a module's lines and lists the functions past the limit, methods by class."""
 
-import subprocess
 import sys
 from pathlib import Path
+
+from gpulayer.runtime.testing import run_command
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "code_shape.py"
 
@@ -17,7 +18,7 @@ def test_lines_per_module_and_the_functions_over_the_limit(tmp_path):
     module.parent.mkdir(parents=True)
     source = _function("short", 60) + _function("long", 61) + "class Loop:\n" + _function("run", 62, "    ")
     module.write_text(source)
-    shown = subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True)
+    shown = run_command([sys.executable, str(SCRIPT), "--root", str(tmp_path)], timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert f"| `packages/gpulayer-x/src/gpulayer/x/m.py` | {len(source.splitlines())} |" in shown.stdout
     listed = [line for line in shown.stdout.splitlines() if ".py: " in line]
@@ -28,5 +29,5 @@ def test_lines_per_module_and_the_functions_over_the_limit(tmp_path):
 
 
 def test_a_root_without_packages_is_refused(tmp_path):
-    shown = subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True)
+    shown = run_command([sys.executable, str(SCRIPT), "--root", str(tmp_path)], timeout=60)
     assert shown.returncode == 2 and f"--root {tmp_path}: no packages" in shown.stderr

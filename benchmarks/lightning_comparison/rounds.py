@@ -2,8 +2,9 @@
 
 In one process on the CPU or on one GPU (``--device cuda``, at ``--precision 32-true`` or ``bf16-mixed``), or on
 every rank of a DDP job on the CPU (run under ``gpulayer launch``; rank 0 writes OUT.json). For each workload: one
-short, untimed warm-up fit per variant, then ``rounds`` rounds in which every variant trains once, in the order of
-the variants and then in reverse, so that drift in the machine reaches all of them alike.
+short, untimed warm-up fit per variant (of those the workload runs), then ``rounds`` rounds in which every variant
+trains once, in the order of the variants and then in reverse, so that drift in the machine reaches all of them
+alike.
 """
 
 from __future__ import annotations

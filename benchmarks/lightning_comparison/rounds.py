@@ -51,7 +51,7 @@ def main() -> None:
     setting = {"device": args.device, "precision": args.precision}
     for name in args.workloads.split(","):
         workload = WORKLOADS[name]
-        if distributed and workload.one_process:  # see workloads.py
+        if (distributed and workload.one_process) or (args.device == "cuda" and workload.cpu_only):  # workloads.py
             continue
         steps = workload.steps // 4 if args.quick else workload.steps
         batches = workload.batches(steps, rank, world_size)

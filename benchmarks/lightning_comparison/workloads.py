@@ -12,7 +12,8 @@
 - ``default_install``: the MLP as a default install trains it (``default_install.py``): 4 epochs of 250 batches,
   a ``StepLR`` stepped per epoch, the default checkpoint and CSV logger, ``LearningRateMonitor(logging_interval=
   "epoch")``; the raw loops do the same work by hand. ``default_install_batch_hook``: the same with a user callback
-  that defines ``on_train_batch_end`` (the raw loops call the same function). One process; no ``lightning_defaults``.
+  that defines ``on_train_batch_end`` (the raw loops call the same function). One process on the CPU, where the
+  trainer's own cost shows (the GPU check's time stays as it was); no ``lightning_defaults``.
 
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
@@ -40,6 +41,7 @@ class Workload:
     lr: float
     adversarial: bool = False  # two optimizers stepped by adversarial_step
     one_process: bool = False  # not run under DDP
+    cpu_only: bool = False  # not run on a GPU
     # The step's loss and the self.log calls a trainer makes in it, as (name, value, options); the metric is
     # ``make_metric()``'s, or None. By default the step logs its loss once, as a real module does.
     logged_step: Callable[[nn.Module, tuple, Any], tuple[torch.Tensor, list[tuple[str, Any, dict]]]] | None = None
@@ -248,6 +250,7 @@ WORKLOADS = {
             _regression_loss,
             0.01,
             one_process=True,
+            cpu_only=True,
             epochs=4,
             default_install=True,
             batch_hook=batch_hook,

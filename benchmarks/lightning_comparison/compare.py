@@ -4,6 +4,9 @@
                                      # chart.png here and checks the baseline (tolerance 10%)
     nox -s bench -- --quick          # under 2 minutes: the raw loop, GPUlayer and Lightning only
     nox -s bench_guard               # what CI runs: --quick, results in a temporary folder, tolerance 100%
+    nox -s bench -- --guard 0.10 --readme    # a full run that also rewrites README.md's why-table
+    python compare.py --workloads default_install,default_install_batch_hook,mlp --placements "1 process" \
+        --rounds 8                   # a focused run: only these, interleaved, in a temporary folder
 
 Runs ``rounds.py`` in one process and as DDP on 2 processes (gloo, under ``gpulayer launch``), then, where CUDA
 is available (and without ``--no-cuda``), in one process on one GPU at ``32-true`` and at ``bf16-mixed``; and
@@ -11,7 +14,8 @@ is available (and without ``--no-cuda``), in one process on one GPU at ``32-true
 import time and peak memory. Fails when a variant's final loss differs from the raw loop's (it did other work), or,
 with ``--guard``, when GPUlayer's time per step over the raw loop's has grown past the committed baseline by more
 than the tolerance (ratios the baseline does not hold, such as the GPU's on a baseline from a CPU machine, are not
-guarded).
+guarded). A selection (``--workloads``, ``--variants``, ``--placements``) runs the rounds of those only, without
+cold starts, and may not write the baseline or the README.
 """
 
 from __future__ import annotations
@@ -20,20 +24,27 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
+from figures import different_work, gpulayer_ratios
+from report import chart, report
+from variants import VARIANTS
+from why_table import with_why_block
+from workloads import WORKLOADS
+
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
-# --quick, the guard's run, stays under 2 minutes: GPUlayer, the raw loop it is guarded against, and Lightning.
+README = HERE.parent.parent / "README.md"
+# --quick, the guard's run, stays under 2 minutes: GPUlayer, the raw loop it is guarded against, and Lightning, on
+# every workload but the default-install ones (full runs and selections only).
 QUICK_VARIANTS = ("raw", "gpulayer", "lightning")
-WORKLOADS = ("mlp", "transformer", "cnn", "gan")
-COLD_WORKLOADS = WORKLOADS[:3]  # start-up does not depend on the model: the GAN's would repeat the MLP's
+QUICK_WORKLOADS = ("mlp", "transformer", "cnn", "gan", "log_heavy")
+COLD_WORKLOADS = ("mlp", "transformer", "cnn")  # start-up does not depend on the model: the others repeat the MLP's
 COLD_DDP_VARIANTS = ("gpulayer", "lightning")  # a raw loop cannot start its own processes
 
 
@@ -48,64 +59,110 @@ class Placement:
 
 PLACEMENTS = {"1 process": Placement(1), "DDP, 2 processes": Placement(2)}
 CUDA_PLACEMENTS = {"1 GPU, 32-true": Placement(1, "cuda"), "1 GPU, bf16-mixed": Placement(1, "cuda", "bf16-mixed")}
-# Relative tolerances on a final loss against the raw loop's. On the CPU the same updates in the same order give the
-# same loss; CUDA kernels may add in another order from one run to the next (atomics), and under bf16 autocast such
-# a difference can flip a rounding to bf16's 8 bits of mantissa.
-LOSS_TOLERANCE = 1e-5
-CUDA_LOSS_TOLERANCE = 1e-4
-BF16_LOSS_TOLERANCE = 1e-2
 DEADLINE_S = 900
-# GPUlayer's time per step over a reference loop's, per workload and placement: issue 7's against the raw loop,
-# restated by issue 24 for the MLP against the raw loop in Lightning's order (the floor Lightning's semantics allow).
-TARGETS = {
-    ("mlp", "1 process"): ("raw_lightning_order", 1.05),
-    ("cnn", "1 process"): ("raw", 1.01),
-    ("mlp", "DDP, 2 processes"): ("raw_lightning_order", 1.05),
-    ("transformer", "DDP, 2 processes"): ("raw", 1.05),
-    ("cnn", "DDP, 2 processes"): ("raw", 1.05),
-}
-IMPORT_TARGET_S, FIRST_STEP_TARGET_S = 0.1, 0.2
-LOG_CALL_SHARE_TARGET = 0.1  # issue 24: a self.log call between log steps costs at most a tenth of Lightning's
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a quarter of the steps, 4 rounds, 1 cold start (MLP); raw, gpulayer and lightning only",
-    )
-    parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md, results.json, chart.png")
-    parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
-    parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
-    parser.add_argument("--no-cuda", action="store_true", help="skip the GPU rows even where CUDA is available")
-    args = parser.parse_args()
-    args.out = args.out.resolve()  # the rounds run in this folder, so a relative --out would point elsewhere
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = _arguments()
     started = time.monotonic()
-    cuda_skipped = _cuda_skipped(args.no_cuda)
-    placements = PLACEMENTS if cuda_skipped else {**PLACEMENTS, **CUDA_PLACEMENTS}
     results = {
-        "machine": _machine(cuda=not cuda_skipped),
+        "machine": _machine(cuda=args.cuda_skipped is None),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "quick": args.quick,
-        "cuda_skipped": cuda_skipped,
-        "placements": {name: _rounds(placement, args.quick, args.out) for name, placement in placements.items()},
-        "cold": _cold_starts(args.quick),
-        "cold_two_devices": None if args.quick else _cold_starts_on_two_devices(),
+        "cuda_skipped": args.cuda_skipped,
+        "selection": args.selection,
+        "placements": {name: _rounds(name, args) for name in args.placements},
+        "cold": None if args.selection else _cold_starts(args.quick),
+        "cold_two_devices": None if args.quick or args.selection else _cold_starts_on_two_devices(),
     }
     results["seconds"] = round(time.monotonic() - started)
-    problems = _different_work(results)
-    ratios = _gpulayer_ratios(results)
+    problems = different_work(results)
+    ratios = gpulayer_ratios(results)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "RESULTS.md").write_text(_report(results))
-    _chart(results, args.out / "chart.png")
+    (args.out / "RESULTS.md").write_text(report(results))
+    chart(results, args.out / "chart.png")
     print((args.out / "RESULTS.md").read_text())
+    print(f"written to {args.out}")
     if args.write_baseline:
         (HERE / "baseline.json").write_text(json.dumps(ratios, indent=1, sort_keys=True) + "\n")
+    if args.readme:
+        README.write_text(with_why_block(README.read_text(), results))
     if args.guard is not None:
         problems += _regressions(ratios, json.loads((HERE / "baseline.json").read_text()), args.guard)
     if problems:
         sys.exit("\n".join(problems))
+
+
+def _arguments() -> argparse.Namespace:
+    """The command line, checked before any work: a selection's names, and what only a full run may write."""
+    parser = _parser()
+    args = parser.parse_args()
+    args.cuda_skipped = _cuda_skipped(args.no_cuda)
+    available = PLACEMENTS if args.cuda_skipped else {**PLACEMENTS, **CUDA_PLACEMENTS}
+    selection = _selection(parser, args, available)
+    args.selection = selection or None
+    args.workloads = tuple(selection.get("workloads", QUICK_WORKLOADS if args.quick else WORKLOADS))
+    args.variants = tuple(selection.get("variants", QUICK_VARIANTS if args.quick else VARIANTS))
+    args.placements = selection.get("placements", list(available))
+    if "raw" not in args.variants:
+        parser.error(
+            f"--variants {','.join(args.variants)}: raw must be among them (every final loss is checked against"
+            " the raw loop's)"
+        )
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: accepted are 1 or more")
+    if args.readme and (args.quick or selection or (args.out is not None and args.out.resolve() != HERE)):
+        parser.error(
+            "--readme: the README's table quotes the committed results.json, so only a full run (no --quick, no"
+            " selection, no --out) rewrites it"
+        )
+    if args.write_baseline and selection:
+        parser.error("--write-baseline: a selection measures part of what the baseline holds; run the full set")
+    args.out = (args.out or (Path(tempfile.mkdtemp(prefix="compare-")) if selection else HERE)).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)  # resolved: the rounds run in this folder
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a quarter of the steps, 4 rounds, 1 cold start (MLP); raw, gpulayer and lightning only, and no"
+        " default-install workloads (a selection's names replace these)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="folder for RESULTS.md, results.json, chart.png (default: here; a selection's: a new"
+        " temporary folder)"
+    )  # fmt: skip
+    parser.add_argument("--guard", type=float, help="fail if a GPUlayer/raw ratio exceeds baseline * (1 + GUARD)")
+    parser.add_argument("--write-baseline", action="store_true", help="save this run's ratios as the baseline")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's why-table from this full run")
+    parser.add_argument("--no-cuda", action="store_true", help="skip the GPU rows even where CUDA is available")
+    parser.add_argument("--rounds", type=int, help="rounds per placement (default 6, 4 on DDP and GPUs; --quick 4, 2)")
+    selection = parser.add_argument_group("a selection: a focused run, rounds only (no cold starts)")
+    selection.add_argument("--workloads", help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    selection.add_argument("--variants", help=f"comma-separated, raw among them, of {', '.join(VARIANTS)}")
+    placements = ", ".join(map(repr, [*PLACEMENTS, *CUDA_PLACEMENTS]))
+    selection.add_argument("--placements", nargs="+", metavar="NAME", help=f"one or more of {placements}")
+    return parser
+
+
+def _selection(parser: argparse.ArgumentParser, args: argparse.Namespace, available: dict) -> dict[str, list[str]]:
+    """The names a focused run was given, each checked; empty for a full run."""
+    given = {
+        "workloads": args.workloads.split(",") if args.workloads else None,
+        "variants": args.variants.split(",") if args.variants else None,
+        "placements": args.placements,
+    }
+    accepted = {"workloads": WORKLOADS, "variants": VARIANTS, "placements": available}
+    for key, names in given.items():
+        unknown = [name for name in names or [] if name not in accepted[key]]
+        if unknown:
+            gpu = f" (GPU rows: {args.cuda_skipped})" if key == "placements" and args.cuda_skipped else ""
+            names = ", ".join(map(repr, accepted[key]))
+            parser.error(f"--{key}: unknown {', '.join(map(repr, unknown))}; accepted: {names}{gpu}")
+    return {key: names for key, names in given.items() if names}
 
 
 def _cuda_skipped(no_cuda: bool) -> str | None:
@@ -117,12 +174,13 @@ def _cuda_skipped(no_cuda: bool) -> str | None:
     return "--no-cuda" if no_cuda else None
 
 
-def _rounds(placement: Placement, quick: bool, out: Path) -> dict:
-    target = out / f"rounds-{placement.processes}-{placement.device}-{placement.precision}.json"
+def _rounds(name: str, args: argparse.Namespace) -> dict:
+    placement = {**PLACEMENTS, **CUDA_PLACEMENTS}[name]
+    target = args.out / f"rounds-{placement.processes}-{placement.device}-{placement.precision}.json"
     long_run = placement.processes == 1 and placement.device == "cpu"
-    count = ("4" if long_run else "2") if quick else ("6" if long_run else "4")  # --quick: under 2 minutes
-    rounds = ["--rounds", count, *(["--quick"] if quick else [])]
-    rounds += ["--variants", ",".join(_variants(quick))]
+    count = args.rounds or ((4 if long_run else 2) if args.quick else (6 if long_run else 4))  # --quick: 2 minutes
+    rounds = ["--rounds", str(count), *(["--quick"] if args.quick else [])]
+    rounds += ["--workloads", ",".join(args.workloads), "--variants", ",".join(args.variants)]
     setting = ["--device", placement.device, "--precision", placement.precision]
     command = [sys.executable, str(HERE / "rounds.py"), str(target), *rounds, *setting]
     if placement.processes > 1:
@@ -141,13 +199,9 @@ def _rounds(placement: Placement, quick: bool, out: Path) -> dict:
     return data
 
 
-def _variants(quick: bool) -> tuple[str, ...]:
-    return QUICK_VARIANTS if quick else VARIANTS
-
-
 def _cold_starts(quick: bool) -> dict:
     # Start-up does not depend on the order of a step: the raw loop starts once, in its usual order.
-    variants = [variant for variant in _variants(quick) if variant != "raw_lightning_order"]
+    variants = [variant for variant in (QUICK_VARIANTS if quick else VARIANTS) if variant != "raw_lightning_order"]
     runs: dict[str, dict[str, list[dict]]] = {}
     for workload in COLD_WORKLOADS[:1] if quick else COLD_WORKLOADS:
         runs[workload] = {variant: [] for variant in variants}
@@ -173,55 +227,6 @@ def _cold_start(workload: str, variant: str, *devices: str) -> dict:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     return json.loads(finished.stdout.splitlines()[-1])
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _per_step(results: dict, placement: str, workload: str, variant: str) -> float:
-    return _median(results["placements"][placement][workload]["variants"][variant]["seconds_per_step"])
-
-
-def _round_ratios(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> list[float]:
-    """``variant``'s time per step over ``to``'s in each round: the two ran seconds apart, so drift in the
-    machine's speed (it moves by tens of percent on a shared 2-core runner) mostly cancels."""
-    timings = results["placements"][placement][workload]["variants"]
-    pairs = zip(timings[variant]["seconds_per_step"], timings[to]["seconds_per_step"], strict=True)
-    return [mine / theirs for mine, theirs in pairs]
-
-
-def _ratio(results: dict, placement: str, workload: str, variant: str, to: str = "raw") -> float:
-    """The median over rounds of ``variant``'s time per step over ``to``'s in the same round."""
-    return _median(_round_ratios(results, placement, workload, variant, to))
-
-
-def _gpulayer_ratios(results: dict) -> dict[str, float]:
-    return {
-        f"{placement} / {workload}": round(_ratio(results, placement, workload, "gpulayer"), 4)
-        for placement in results["placements"]
-        for workload in results["placements"][placement]
-    }
-
-
-def _loss_tolerance(device: str, precision: str) -> float:
-    if precision == "bf16-mixed":
-        return BF16_LOSS_TOLERANCE
-    return CUDA_LOSS_TOLERANCE if device == "cuda" else LOSS_TOLERANCE
-
-
-def _different_work(results: dict) -> list[str]:
-    """A variant whose final loss differs from the raw loop's did different work: its timing means nothing."""
-    problems = []
-    for placement, workloads in results["placements"].items():
-        for workload, data in workloads.items():
-            expected = data["variants"]["raw"]["final_loss"][0]
-            tolerance = _loss_tolerance(data["device"], data["precision"])
-            for variant, timing in data["variants"].items():
-                for loss in timing["final_loss"]:
-                    if abs(loss - expected) > tolerance * max(1.0, abs(expected)):
-                        problems.append(f"{placement} / {workload}: {variant} ended at loss {loss}, raw at {expected}")
-    return problems
 
 
 def _regressions(ratios: dict[str, float], baseline: dict[str, float], tolerance: float) -> list[str]:
@@ -266,157 +271,6 @@ def _driver_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return versions[0] if versions else "unknown"
-
-
-def _report(results: dict) -> str:
-    machine = results["machine"]
-    lines = [
-        "# GPUlayer, a raw PyTorch loop and Lightning 2.6, side by side",
-        "",
-        "Written by `benchmarks/lightning_comparison/compare.py`"
-        + (" (`--quick`: a quarter of the steps, fewer rounds)" if results["quick"] else "")
-        + f" in {results['seconds']} s. "
-        + ", ".join(f"{key} {value}" for key, value in machine.items())
-        + ". Time per step is the median over interleaved rounds of the steady state (warm-up excluded); a ratio is"
-        " the median over rounds of the two variants' times in the same round. `raw_lightning_order` is the raw loop"
-        " with its step in Lightning's order (`optimizer.step(closure)`; the forward pass, then `zero_grad`, then"
-        " `backward`): the floor for a trainer that keeps Lightning's hook order. Every variant's final loss equals the"
-        f" raw loop's (relative tolerance {LOSS_TOLERANCE:.0e} on the CPU, {CUDA_LOSS_TOLERANCE:.0e} on a GPU at"
-        f" 32-true, {BF16_LOSS_TOLERANCE:.0e} at bf16-mixed), so each did the same work. Ratios compare runs on this"
-        " machine only.",
-        "",
-    ]
-    if results["cuda_skipped"]:
-        lines += [f"CUDA rows: skipped, {results['cuda_skipped']}", ""]
-    for placement in results["placements"]:
-        for workload in results["placements"][placement]:
-            data = results["placements"][placement][workload]
-            lines += [
-                f"## {workload}, {placement} ({data['steps']} steps per fit)",
-                "",
-                "| variant | µs/step | to raw | to raw, range over rounds | to Lightning | final loss |",
-                "| --- | ---: | ---: | ---: | ---: | ---: |",
-            ]
-            for variant in data["variants"]:
-                per_step = _per_step(results, placement, workload, variant)
-                rounds = _round_ratios(results, placement, workload, variant)
-                to_raw = _median(rounds)
-                spread = f"{min(rounds):.3f} to {max(rounds):.3f}" if variant != "raw" else ""
-                to_lightning = _ratio(results, placement, workload, variant, to="lightning")
-                loss = data["variants"][variant]["final_loss"][0]
-                lines.append(
-                    f"| {variant} | {per_step * 1e6:.1f} | {to_raw:.3f} | {spread} | {to_lightning:.3f} | {loss:.6f} |"
-                )
-            if "raw_lightning_order" in data["variants"]:
-                in_order = _ratio(results, placement, workload, "gpulayer", to="raw_lightning_order")
-                lines += ["", f"GPUlayer over the raw loop in Lightning's order of a step: {in_order:.3f}."]
-            lines += _log_call_report(data["variants"])
-            reference, target = TARGETS.get((workload, placement), (None, None))
-            if reference in data["variants"]:  # --quick runs no raw_lightning_order
-                ratio = _ratio(results, placement, workload, "gpulayer", to=reference)
-                lines += [
-                    "",
-                    f"Target: GPUlayer at most {target} x {reference}; measured {ratio:.3f}: {_met(ratio <= target)}.",
-                ]
-            lines.append("")
-    lines += _cold_report(results["cold"])
-    if results["cold_two_devices"]:
-        lines += _cold_two_devices_report(results["cold_two_devices"])
-    return "\n".join(lines) + "\n"
-
-
-def _log_call_report(variants: dict) -> list[str]:
-    """The cost of one ``self.log`` call on a step that does not log, each trainer's (issue 24's target: GPUlayer's
-    at most a tenth of Lightning's; ``log_heavy`` makes 8 such calls a step, the other workloads one)."""
-    if "seconds_per_log_call" not in variants.get("gpulayer", {}) or "lightning" not in variants:
-        return []
-    per_call = {name: _median(variants[name]["seconds_per_log_call"]) * 1e6 for name in ("gpulayer", "lightning")}
-    share = per_call["gpulayer"] / per_call["lightning"]
-    return [
-        "",
-        f"`self.log` on a step that does not log, per call (median over the timed steps, then over rounds): GPUlayer"
-        f" {per_call['gpulayer']:.2f} µs, Lightning {per_call['lightning']:.2f} µs: {share:.3f} of Lightning's."
-        f" Target: at most {LOG_CALL_SHARE_TARGET} of Lightning's: {_met(share <= LOG_CALL_SHARE_TARGET)}.",
-    ]
-
-
-def _cold_report(cold: dict) -> list[str]:
-    lines = [
-        "## Cold start (one process, 20 steps; medians)",
-        "",
-        "| workload | variant | import torch s | framework import s | process start to end of first step s | peak RSS MB |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for workload, variants in cold.items():
-        for variant, runs in variants.items():
-            med = {key: _median([run[key] for run in runs]) for key in runs[0]}
-            lines.append(
-                f"| {workload} | {variant} | {med['import_torch_s']:.3f} | {med['import_framework_s']:.3f} | "
-                f"{med['first_step_s']:.3f} | {med['peak_rss_mb']:.0f} |"
-            )
-    gpulayer_import = _median([run["import_framework_s"] for w in cold.values() for run in w["gpulayer"]])
-    first_step_gap = max(
-        _median([r["first_step_s"] for r in w["gpulayer"]]) - _median([r["first_step_s"] for r in w["raw"]])
-        for w in cold.values()
-    )
-    return [
-        *lines,
-        "",
-        f"Target: `import gpulayer.trainer` adds at most {IMPORT_TARGET_S} s to `import torch`; measured "
-        f"{gpulayer_import:.3f} s: {_met(gpulayer_import <= IMPORT_TARGET_S)}.",
-        "",
-        f"Target: the first step ends at most {FIRST_STEP_TARGET_S} s after the raw loop's; measured at most "
-        f"{first_step_gap:+.3f} s: {_met(first_step_gap <= FIRST_STEP_TARGET_S)}.",
-        "",
-        "![time per step relative to the raw loop](chart.png)",
-    ]
-
-
-def _cold_two_devices_report(runs: dict[str, list[dict]]) -> list[str]:
-    lines = [
-        "",
-        "## Cold start on two processes (`python cold.py` with `devices=2` on the CPU, 20 steps; medians of 3)",
-        "",
-        "GPUlayer runs the script again under `gpulayer launch`; Lightning's DDP strategy runs it again for rank 1.",
-        "",
-        "| variant | process start to end of rank 0's first step s |",
-        "| --- | ---: |",
-    ]
-    for variant, variant_runs in runs.items():
-        lines.append(f"| {variant} | {_median([run['first_step_s'] for run in variant_runs]):.3f} |")
-    return lines
-
-
-def _met(met: bool) -> str:
-    return "met" if met else "**missed**"
-
-
-def _chart(results: dict, path: Path) -> None:
-    """One PNG: time per step over the raw loop's, per workload, placement and variant (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no chart: matplotlib is not installed (nox -s bench installs it)", file=sys.stderr)
-        return
-    groups = [(placement, workload) for placement, workloads in results["placements"].items() for workload in workloads]
-    figure, axes = plt.subplots(figsize=(1.7 * len(groups), 4.5))
-    first_placement, first_workload = groups[0]
-    variants = list(results["placements"][first_placement][first_workload]["variants"])  # --quick runs fewer
-    width = 0.8 / len(variants)
-    for index, variant in enumerate(variants):
-        ratios = [_ratio(results, placement, workload, variant) for placement, workload in groups]
-        axes.bar([g + index * width for g in range(len(groups))], ratios, width, label=variant)
-    axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
-    axes.set_xticklabels([f"{workload}\n{placement}" for placement, workload in groups])
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    axes.set_ylabel("time per step / raw loop's")
-    axes.set_title("Time per step relative to a hand-written PyTorch loop (lower is better)")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

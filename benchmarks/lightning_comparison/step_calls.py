@@ -1,9 +1,12 @@
-"""Every Python call of one steady-state GPUlayer step on the MLP: ``python step_calls.py [--all]``.
+"""Every Python call of one steady-state GPUlayer step on the MLP: ``python step_calls.py [--all] [--workload W]``.
 
 Trains the ``gpulayer`` variant's module (one process, CPU) and records, with ``sys.setprofile``, the calls made
 from the start of ``training_step`` at batch 100 to the start of the one at batch 101: the user's step, the
 optimizer's, the loop's bookkeeping and the next batch. Prints them as a tree, GPUlayer's frames marked ``*``;
 without ``--all`` a library's frame (torch's, Python's) called by a library's frame is folded into its caller.
+``--workload default_install`` (or ``default_install_batch_hook``) trains in that workload's configuration
+(checkpoints, CSV logger, StepLR, LR monitor; and the batch counter's ``on_train_batch_end``) for one epoch, so
+batch 100 is mid-epoch.
 benchmarks/README.md keeps the result.
 """
 
@@ -17,10 +20,12 @@ from types import FrameType
 from typing import Any
 
 import torch
+from default_install import callbacks, configure_optimizers
 from workloads import WORKLOADS
 
 TRACED_STEP = 100
-USER_FILES = ("workloads.py", "step_calls.py")  # the benchmark's own frames: the user's code in a real script
+# The benchmark's own frames: the user's code in a real script.
+USER_FILES = ("workloads.py", "default_install.py", "step_calls.py")
 
 
 class CallTree:
@@ -59,11 +64,12 @@ def _where(frame: FrameType) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="show every frame of torch and Python's libraries too")
+    parser.add_argument("--workload", choices=("mlp", "default_install", "default_install_batch_hook"), default="mlp")
     args = parser.parse_args()
     from gpulayer.trainer import Module, Trainer
 
     torch.set_num_threads(1)
-    workload, tree = WORKLOADS["mlp"], CallTree()
+    workload, tree = WORKLOADS[args.workload], CallTree()
 
     class Bench(Module):
         def __init__(self) -> None:
@@ -78,12 +84,16 @@ def main() -> None:
             return loss
 
         def configure_optimizers(self):
+            if workload.default_install:
+                return configure_optimizers(self.parameters(), workload.lr)
             return torch.optim.SGD(self.parameters(), lr=workload.lr)
 
     with tempfile.TemporaryDirectory() as root:
         lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+        if workload.default_install:  # the trainer's default checkpoint and CSV logger
+            lean = {"enable_progress_bar": False, "callbacks": callbacks("gpulayer", workload.batch_hook)}
         trainer = Trainer(max_epochs=1, num_sanity_val_steps=0, benchmark=False, default_root_dir=root, **lean)
-        batches = workload.batches(TRACED_STEP + 10)
+        batches = WORKLOADS["mlp"].batches(TRACED_STEP + 10)  # one epoch
         trainer.fit(Bench(), torch.utils.data.DataLoader(batches, batch_size=None))
     _print(tree.calls, fold_libraries=not args.all)
 

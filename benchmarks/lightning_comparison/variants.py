@@ -14,11 +14,15 @@ and the loss, fp32 weights, no gradient scaler). The batches start on the CPU an
   nothing (the same switches as ``lightning``'s);
 - ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
 - ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
+
+On the ``default_install`` workloads each variant also does that workload's extra work (``default_install.py``):
+the trainers with their default checkpoint and CSV logger on, the raw loops by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import statistics
@@ -28,6 +32,7 @@ import warnings
 from typing import Any
 
 import torch
+from default_install import RawDefaultInstall, callbacks, configure_optimizers, counted_batches
 from workloads import Workload, adversarial_step, optimizers_of
 
 VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
@@ -89,7 +94,7 @@ def train(
     ``devices``: what the trainers are given (default: the launcher's ``LOCAL_WORLD_SIZE`` when ``distributed``,
     else 1); more than the processes running makes each trainer start its own (a script run with ``devices=2``).
     """
-    clock = clock if clock is not None else Clock(len(batches), device)
+    clock = clock if clock is not None else Clock(len(batches) * workload.epochs, device)
     if devices is None:
         devices = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1
     if variant.startswith("raw"):
@@ -116,27 +121,41 @@ def _raw(
     moves = device != "cpu"  # as the trainers: they move each batch on CUDA and hand it on as it is on the CPU
     optimizers = optimizers_of(net, workload.lr) if workload.adversarial else None
     metric = workload.make_metric() if workload.make_metric is not None else None
-    for step, (inputs, targets) in enumerate(torch.utils.data.DataLoader(batches, batch_size=None)):
-        clock.tick(step)
-        if moves:
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if optimizers is not None:  # the user's own step either way: Lightning's order of a step does not apply
-            adversarial_step(net, optimizers, (inputs, targets), torch.Tensor.backward, mixed)
-            continue
-        if lightning_order:
-            _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed, metric)
-            continue
-        optimizer.zero_grad()
-        with mixed:
-            loss, _ = workload.step(model, (inputs, targets), metric)  # what a trainer would log, it computes
-        loss.backward()
-        optimizer.step()
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
+    with tempfile.TemporaryDirectory() as root:
+        install = RawDefaultInstall(root, net, optimizer, workload.batch_hook) if workload.default_install else None
+        for epoch in range(workload.epochs):
+            if install is not None:
+                install.epoch_start(epoch, epoch * len(batches))
+            for step, (inputs, targets) in enumerate(loader, epoch * len(batches)):
+                clock.tick(step)
+                if moves:
+                    inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                if optimizers is not None:  # the user's own step either way: Lightning's order does not apply
+                    adversarial_step(net, optimizers, (inputs, targets), torch.Tensor.backward, mixed)
+                    continue
+                if lightning_order:
+                    loss = _step_in_lightning_order(workload, model, optimizer, (inputs, targets), mixed, metric)
+                else:
+                    optimizer.zero_grad()
+                    with mixed:
+                        loss, _ = workload.step(model, (inputs, targets), metric)  # what a trainer would log
+                    loss.backward()
+                    optimizer.step()
+                if install is not None:
+                    if (step + 1) % LOG_EVERY_N_STEPS == 0:
+                        install.rows.append((epoch, step, loss.detach()))
+                    if install.on_batch_end is not None:
+                        install.on_batch_end(loss, (inputs, targets), step)
+            if install is not None:
+                install.epoch_end(epoch, step)
+    _check_batches_counted(install.batches if install is not None else None, workload, batches, "raw")
     return net
 
 
 def _step_in_lightning_order(
     workload: Workload, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, mixed: Any, metric: Any
-) -> None:
+) -> torch.Tensor:
     def closure() -> torch.Tensor:
         with mixed:
             loss, _ = workload.step(model, batch, metric)
@@ -144,7 +163,14 @@ def _step_in_lightning_order(
         loss.backward()
         return loss
 
-    optimizer.step(closure)
+    return optimizer.step(closure)
+
+
+def _check_batches_counted(counted: int | None, workload: Workload, batches: list, variant: str) -> None:
+    """With a batch hook, it must have run once per batch: a loop that skipped it did less work."""
+    expected = len(batches) * workload.epochs
+    if workload.batch_hook and counted != expected:
+        raise RuntimeError(f"{variant}'s on_train_batch_end ran for {counted} batches, not {expected}")
 
 
 def _trainer(
@@ -153,6 +179,9 @@ def _trainer(
     # Both trainers' lean variants turn off what writes or prints (logger, checkpoints, progress output: GPUlayer's
     # log line, Lightning's bar), as the raw loop writes and prints nothing.
     lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    if workload.default_install:  # their checkpoint and CSV logger stay on, their progress output stays off
+        lean = {"enable_progress_bar": False, "callbacks": callbacks(variant, workload.batch_hook)}
+    make_logger = None  # the logger made in the fit's folder, where the trainer's default is not wanted
     if variant == "gpulayer":
         from gpulayer.trainer import Module, Trainer
 
@@ -166,6 +195,9 @@ def _trainer(
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")  # torch deprecates an isinstance check Lightning makes
         options = {**lean, "enable_model_summary": False} if variant == "lightning" else {}
+        if workload.default_install:  # Lightning's default logger is TensorBoard's where tensorboard is installed
+            from lightning.pytorch.loggers import CSVLogger as make_logger
+    steps = itertools.count()  # the fit's step, over its epochs
 
     class Bench(Module):
         def __init__(self) -> None:
@@ -175,7 +207,8 @@ def _trainer(
             self.metric = workload.make_metric() if workload.make_metric is not None else None
 
         def training_step(self, batch, batch_idx):
-            clock.tick(batch_idx)
+            step = next(steps)
+            clock.tick(step)
             if workload.adversarial:  # the trainer's autocast, if any, is around the whole step
                 loss = adversarial_step(
                     self.net, self.optimizers(), batch, self.manual_backward, contextlib.nullcontext()
@@ -186,16 +219,20 @@ def _trainer(
             started = time.perf_counter_ns()
             for name, value, options in calls:  # the loss at least, as a real module does
                 self.log(name, value, **options)
-            clock.logged(batch_idx, time.perf_counter_ns() - started, len(calls))
+            clock.logged(step, time.perf_counter_ns() - started, len(calls))
             return loss
 
         def configure_optimizers(self):
             if workload.adversarial:
                 return optimizers_of(self.net, workload.lr)
+            if workload.default_install:
+                return configure_optimizers(self.parameters(), workload.lr)
             return torch.optim.SGD(self.parameters(), lr=workload.lr)
 
     model = Bench()
     with tempfile.TemporaryDirectory() as root, _quiet():
+        if make_logger is not None:
+            options["logger"] = make_logger(root)
         trainer = Trainer(
             accelerator=device,
             devices=devices,
@@ -203,16 +240,17 @@ def _trainer(
             # cuDNN autotuning is process-wide, and GPUlayer turns it on for fits of 1,000 steps or more: off for all,
             # every variant runs the same convolution kernels.
             benchmark=False,
-            max_epochs=1,
+            max_epochs=workload.epochs,
             num_sanity_val_steps=0,
             use_distributed_sampler=False,  # each rank's batches are already its own
             default_root_dir=root,
             **options,
         )
         trainer.fit(model, torch.utils.data.DataLoader(batches, batch_size=None))
-    expected = len(batches) * (2 if workload.adversarial else 1)  # under manual optimization each step() counts
+    expected = len(batches) * workload.epochs * (2 if workload.adversarial else 1)  # manual: each step() counts
     if trainer.global_step != expected:
         raise RuntimeError(f"{variant} ran {trainer.global_step} steps, not {expected}")
+    _check_batches_counted(counted_batches(options.get("callbacks", [])), workload, batches, variant)
     return model.net
 
 

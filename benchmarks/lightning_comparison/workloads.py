@@ -9,6 +9,11 @@
 - ``log_heavy``: the MLP with a busy ``training_step``: 8 ``self.log`` calls a step (two on the progress bar, one
   also per epoch, one a torchmetrics ``BinaryAccuracy``). Every variant computes the logged values and updates the
   metric; the trainers log them. One process only: what it measures is the cost of ``self.log``.
+- ``default_install``: the MLP as a default install trains it (``default_install.py``): 4 epochs of 250 batches,
+  a ``StepLR`` stepped per epoch, the default checkpoint and CSV logger, ``LearningRateMonitor(logging_interval=
+  "epoch")``; the raw loops do the same work by hand. ``default_install_batch_hook``: the same with a user callback
+  that defines ``on_train_batch_end`` (the raw loops call the same function). One process on the CPU, where the
+  trainer's own cost shows (the GPU check's time stays as it was); no ``lightning_defaults``.
 
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
@@ -36,13 +41,19 @@ class Workload:
     lr: float
     adversarial: bool = False  # two optimizers stepped by adversarial_step
     one_process: bool = False  # not run under DDP
+    cpu_only: bool = False  # not run on a GPU
     # The step's loss and the self.log calls a trainer makes in it, as (name, value, options); the metric is
     # ``make_metric()``'s, or None. By default the step logs its loss once, as a real module does.
     logged_step: Callable[[nn.Module, tuple, Any], tuple[torch.Tensor, list[tuple[str, Any, dict]]]] | None = None
     make_metric: Callable[[], Any] | None = None
+    epochs: int = 1  # a fit of ``steps`` steps goes over one epoch's batches (``batches``) this many times
+    default_install: bool = False  # checkpoints, CSV logger, StepLR and LR monitor on (default_install.py)
+    batch_hook: bool = False  # with a user callback that defines on_train_batch_end
+    variants: tuple[str, ...] | None = None  # the variants that run it; None: every one
 
     def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return self.make_batches(steps * world_size)[rank::world_size]
+        """One epoch's batches of a fit of ``steps`` steps, rank ``rank``'s."""
+        return self.make_batches(steps // self.epochs * world_size)[rank::world_size]
 
     def step(
         self, net: nn.Module, batch: tuple, metric: Any = None
@@ -230,4 +241,21 @@ WORKLOADS = {
         logged_step=_busy_step,
         make_metric=_binary_accuracy,
     ),
+    **{
+        name: Workload(
+            name,
+            1000,
+            _mlp,
+            _mlp_batches,
+            _regression_loss,
+            0.01,
+            one_process=True,
+            cpu_only=True,
+            epochs=4,
+            default_install=True,
+            batch_hook=batch_hook,
+            variants=("raw", "raw_lightning_order", "gpulayer", "lightning"),
+        )
+        for name, batch_hook in (("default_install", False), ("default_install_batch_hook", True))
+    },
 }

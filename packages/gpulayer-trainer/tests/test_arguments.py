@@ -2,12 +2,14 @@
 
 import inspect
 import math
+import pydoc
 from datetime import timedelta
 
 import pytest
 import torch
 
 from gpulayer.trainer import Callback, DDPStrategy, Module, Trainer
+from gpulayer.trainer.arguments import DECLARATIONS
 
 BAD = [
     ({"accelerator": "tpu"}, ValueError, "accelerator='tpu'"),
@@ -189,6 +191,34 @@ def test_every_lightning_trainer_argument_is_known_by_name():
     theirs = set(inspect.signature(lightning.Trainer.__init__).parameters) - {"self"}
     ours = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
     assert theirs - ours == set()
+
+
+def test_the_signature_repeats_the_declarations_names_defaults_and_order():
+    """Each argument is declared once (``TrainerArguments``); the signature, kept for IDEs and tools that read it
+    (jsonargparse), must not drift from it. Defaults compare with their types, so 0 is not False."""
+    parameters = list(inspect.signature(Trainer.__init__).parameters.values())[1:]
+    assert {parameter.kind for parameter in parameters} == {inspect.Parameter.KEYWORD_ONLY}
+    signature = [(p.name, type(p.default), p.default) for p in parameters]
+    assert signature == [(name, type(d.default), d.default) for name, d in DECLARATIONS.items()]
+
+
+def test_argument_properties_return_the_checked_value_and_show_the_declared_doc(tmp_path):
+    trainer = Trainer(accelerator="cpu", logger=False, max_steps=7, limit_val_batches=2.0, default_root_dir=tmp_path)
+    shown = [name for name, declared in DECLARATIONS.items() if declared.trainer_property]
+    assert {"max_steps", "limit_val_batches", "log_every_n_steps", "precision", "num_nodes"} <= set(shown)
+    for name in shown:
+        view = inspect.getattr_static(Trainer, name)
+        assert (view.fset, view.__doc__) == (None, DECLARATIONS[name].doc)
+        assert getattr(trainer, name) == getattr(trainer.args, name)
+    assert (trainer.max_steps, trainer.limit_val_batches, trainer.log_every_n_steps) == (7, 2, 50)
+    with pytest.raises(AttributeError):
+        trainer.max_steps = 3
+    undocumented = [
+        name for name, value in inspect.getmembers(Trainer) if isinstance(value, property) and not value.__doc__
+    ]
+    assert undocumented == []
+    shown_by_help = pydoc.plain(pydoc.render_doc(Trainer))
+    assert DECLARATIONS["max_steps"].doc in shown_by_help and "This process's rank among all processes" in shown_by_help
 
 
 def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):

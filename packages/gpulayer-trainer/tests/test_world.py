@@ -55,8 +55,8 @@ def test_each_rank_trains_on_the_gpu_its_local_rank_picks_from_devices(indices, 
     """Lightning's rule: ``devices=[1, 3]`` puts local rank 0 on cuda:1 and local rank 1 on cuda:3, in one process
     or under a launcher; a count (or "auto", None here) numbers the GPUs from 0."""
     placement = Placement(world_size=2, global_rank=local_rank, local_rank=local_rank, local_world_size=2)
-    args = types.SimpleNamespace(accelerator="cuda", device_indices=indices)
+    args = types.SimpleNamespace(accelerator="cuda", devices=indices)
     chosen = on_chosen_gpu(dataclasses.replace(placement, accelerator="cuda"), args)
     assert device_of(args, chosen) == chosen.device == torch.device("cuda", gpu)
-    on_cpu = types.SimpleNamespace(accelerator="cpu", device_indices=(0, 1))
+    on_cpu = types.SimpleNamespace(accelerator="cpu", devices=(0, 1))
     assert device_of(on_cpu, on_chosen_gpu(placement, on_cpu)) == torch.device("cpu")

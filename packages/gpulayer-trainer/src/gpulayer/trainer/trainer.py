@@ -15,8 +15,7 @@ import torch
 
 from gpulayer.runtime import Runtime
 from gpulayer.trainer import process_settings
-from gpulayer.trainer.accelerators import accelerator_for
-from gpulayer.trainer.arguments import defaults_from_environment, parse_arguments
+from gpulayer.trainer.arguments import argument_properties, defaults_from_environment, parse_arguments
 from gpulayer.trainer.cadence import Cadence
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
@@ -25,7 +24,7 @@ from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.defaults import callback_list, default_callbacks, default_loggers
+from gpulayer.trainer.defaults import default_callbacks, default_loggers
 from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.fit_loop import FitLoop
@@ -35,16 +34,20 @@ from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision
-from gpulayer.trainer.profiler import PassThroughProfiler
 from gpulayer.trainer.stages import run_stage
-from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
+from gpulayer.trainer.states import TrainerFn, TrainerState
 from gpulayer.trainer.strategy import Strategy
+from gpulayer.trainer.trainer_properties import TrainerProperties
 from gpulayer.trainer.transfer import BatchTransfer
-from gpulayer.trainer.world import device_of, devices_per_node, find_placement
+from gpulayer.trainer.world import device_of, find_placement
 
 
-class Trainer:
-    """Trains a ``Module`` with Lightning 2.6's semantics; every argument is checked here, before any work."""
+@argument_properties
+class Trainer(TrainerProperties):
+    """Trains a ``Module`` with Lightning 2.6's semantics; every argument is checked here, before any work.
+
+    What each argument means, its check and its default: ``TrainerArguments`` (``arguments.py``), whose
+    declarations also give the read-only argument properties (``max_steps``, ``limit_val_batches``, ...)."""
 
     @defaults_from_environment
     def __init__(
@@ -94,52 +97,12 @@ class Trainer:
         prefetch: bool = False,
         check_finite_loss: bool = True,
     ) -> None:
-        self.args = parse_arguments(
-            accelerator=accelerator,
-            strategy=strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            fast_dev_run=fast_dev_run,
-            max_epochs=max_epochs,
-            min_epochs=min_epochs,
-            max_steps=max_steps,
-            min_steps=min_steps,
-            max_time=max_time,
-            limit_train_batches=limit_train_batches,
-            limit_val_batches=limit_val_batches,
-            limit_test_batches=limit_test_batches,
-            limit_predict_batches=limit_predict_batches,
-            val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps,
-            log_every_n_steps=log_every_n_steps,
-            enable_checkpointing=enable_checkpointing,
-            accumulate_grad_batches=accumulate_grad_batches,
-            gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm,
-            deterministic=deterministic,
-            benchmark=benchmark,
-            inference_mode=inference_mode,
-            use_distributed_sampler=use_distributed_sampler,
-            default_root_dir=default_root_dir,
-            prefetch=prefetch,
-            check_finite_loss=check_finite_loss,
-            enable_progress_bar=enable_progress_bar,
-            enable_model_summary=enable_model_summary,
-            barebones=barebones,
-            detect_anomaly=detect_anomaly,
-            overfit_batches=overfit_batches,
-            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
-            sync_batchnorm=sync_batchnorm,
-            enable_autolog_hparams=enable_autolog_hparams,
-            logger=logger,
-            profiler=profiler,
-            plugins=plugins,
-            model_registry=model_registry,
-        )
-        self._user_callbacks = callback_list(callbacks)
-        self.loggers: list[CSVLogger] = default_loggers(False if self.args.barebones else logger, self.args)
+        self.args = parse_arguments(locals())  # every argument above, by name
+        self._build_from_args()
+
+    def _build_from_args(self) -> None:
+        """What the Trainer builds from its arguments: loggers, placement, strategy, callbacks, state and parts."""
+        self.loggers: list[CSVLogger] = default_loggers(self.args.logger, self.args)
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
         # `gpulayer launch` here and never returns (see world.py).
         placement, self.strategy = find_placement(self.args)
@@ -148,7 +111,7 @@ class Trainer:
         device = device_of(self.args, placement)
         self.strategy.attach(self.runtime, device, Precision(self.args.precision, device), self.args.sync_batchnorm)
         process_settings.apply(self.args)
-        self.callbacks: list[Callback] = default_callbacks(self._user_callbacks, self.args)
+        self.callbacks: list[Callback] = default_callbacks(self.args.callbacks, self.args)
         self.should_stop = False
         self.received_sigterm = False  # set by the SIGTERM handler while fit runs (see preemption.py)
         self.state = TrainerState()
@@ -314,25 +277,30 @@ class Trainer:
 
     @property
     def early_stopping_callback(self) -> Callback | None:
+        """The first ``EarlyStopping`` callback, or None."""
         found = self.early_stopping_callbacks
         return found[0] if found else None
 
     @property
     def checkpoint_callbacks(self) -> list[Checkpoint]:
+        """The checkpoint callbacks, in order."""
         return [callback for callback in self.callbacks if isinstance(callback, Checkpoint)]
 
     @property
     def checkpoint_callback(self) -> Checkpoint | None:
+        """The first checkpoint callback, or None."""
         callbacks = self.checkpoint_callbacks
         return callbacks[0] if callbacks else None
 
     # ---- state -------------------------------------------------------------------------------------------------------
     @property
     def global_step(self) -> int:
+        """Optimizer steps taken."""
         return self.fit_loop.progress.global_step
 
     @property
     def current_epoch(self) -> int:
+        """Epochs completed."""
         return self.fit_loop.progress.epochs_completed
 
     @property
@@ -343,6 +311,7 @@ class Trainer:
 
     @property
     def strategy_name(self) -> str:
+        """The strategy's name: ``"single_device"``, ``"ddp"``, ..."""
         return self.strategy.strategy_name
 
     @property
@@ -351,19 +320,18 @@ class Trainer:
         return self.strategy.model
 
     @property
-    def precision(self) -> str:
-        return self.args.precision
-
-    @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest value of each metric ``self.log`` recorded, as callbacks see them."""
         return self._metric_hub.callback_metrics()
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest value of each metric logged with ``logger=True``."""
         return self._metric_hub.logged_metrics()
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
+        """The metrics logged with ``prog_bar=True``, as Python floats."""
         return self._metric_hub.progress_bar_metrics()
 
     @property
@@ -380,95 +348,10 @@ class Trainer:
         steps = math.ceil(loop.max_batches / args.accumulate_grad_batches) * max(loop.max_epochs, 1)
         return min(steps, args.max_steps) if args.max_steps != -1 else steps
 
-    max_epochs = property(
-        lambda self: self.fit_loop.max_epochs if self.state.fn == TrainerFn.FITTING else self.args.max_epochs
-    )
-    min_epochs = property(lambda self: self.args.min_epochs)
-    max_steps = property(lambda self: self.args.max_steps)
-    min_steps = property(lambda self: self.args.min_steps)
-    accumulate_grad_batches = property(lambda self: self.args.accumulate_grad_batches)
-    gradient_clip_val = property(lambda self: self.args.gradient_clip_val)
-    gradient_clip_algorithm = property(lambda self: self.args.gradient_clip_algorithm)
-    check_val_every_n_epoch = property(lambda self: self.args.check_val_every_n_epoch)
-    val_check_interval = property(lambda self: self.args.val_check_interval)
-    val_check_batch = property(lambda self: self.fit_loop.val_check_batch)
-    log_every_n_steps = property(lambda self: self.args.log_every_n_steps)
-    # Lightning's: True for fast_dev_run=True or 1, else the number given (False for none).
-    fast_dev_run = property(lambda self: {0: False, 1: True}.get(self.args.fast_dev_run, self.args.fast_dev_run))
-    num_sanity_val_steps = property(lambda self: self.args.num_sanity_val_steps)
-    limit_train_batches = property(lambda self: self.args.limit_train_batches)
-    limit_val_batches = property(lambda self: self.args.limit_val_batches)
-    limit_test_batches = property(lambda self: self.args.limit_test_batches)
-    limit_predict_batches = property(lambda self: self.args.limit_predict_batches)
-    default_root_dir = property(lambda self: self.args.default_root_dir)
-    num_training_batches = property(lambda self: self.fit_loop.max_batches)
-    num_val_batches = property(lambda self: list(self.validate_loop.max_batches))
-    num_test_batches = property(lambda self: list(self.test_loop.max_batches))
-    num_predict_batches = property(lambda self: list(self.predict_loop.max_batches))
-    num_sanity_val_batches = property(
-        lambda self: [min(self.args.num_sanity_val_steps, count) for count in self.validate_loop.max_batches]
-    )
-    enable_validation = property(lambda self: self.lightning_module is not None and self.validate_loop.is_enabled())
-    train_dataloader = property(lambda self: self.fit_loop.loader)
-    val_dataloaders = property(lambda self: _one_or_all(self.validate_loop.loaders))
-    test_dataloaders = property(lambda self: _one_or_all(self.test_loop.loaders))
-    predict_dataloaders = property(lambda self: _one_or_all(self.predict_loop.loaders))
-    is_last_batch = property(lambda self: self.fit_loop.progress.is_last_batch)
-    global_rank = property(lambda self: self.runtime.global_rank)
-    local_rank = property(lambda self: self.runtime.local_rank)
-    node_rank = property(lambda self: self.runtime.node_rank)
-    world_size = property(lambda self: self.runtime.world_size)
-    num_nodes = property(lambda self: self.args.num_nodes)
-    num_devices = property(lambda self: devices_per_node(self.args, self.runtime.placement))
-    accelerator = property(lambda self: accelerator_for(self.strategy.root_device))
-    profiler = property(lambda self: _PROFILER)  # profiles nothing (profiler= is refused)
-    progress_bar_callback = property(lambda self: None)  # GPUlayer's log line is not a callback
-    # This node's device indices: the GPUs of devices=[...], else 0 to num_devices - 1 (Lightning's, CPU included).
-    device_ids = property(
-        lambda self: list(self.args.device_indices) if self.args.device_indices else list(range(self.num_devices))
-    )
-    is_global_zero = property(lambda self: self.runtime.global_rank == 0)
-    precision_plugin = property(lambda self: self.strategy.precision_plugin)
-    scaler = property(lambda self: self.strategy.precision_plugin.scaler)  # fp16's GradScaler, else None
-    # What a DistributedSampler of your own needs (Lightning's; None without a distributed strategy).
-    distributed_sampler_kwargs = property(
-        lambda self: (
-            {"num_replicas": self.world_size, "rank": self.global_rank} if self.strategy.is_distributed else None
-        )
-    )
-
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on each node's local rank 0 only (Lightning's)."""
         if self.local_rank == 0:
             print(*args, **kwargs)
-
-    training = property(
-        lambda self: self.state.stage == RunningStage.TRAINING, lambda self, on: self._stage(on, RunningStage.TRAINING)
-    )
-    validating = property(
-        lambda self: self.state.stage == RunningStage.VALIDATING,
-        lambda self, on: self._stage(on, RunningStage.VALIDATING),
-    )
-    testing = property(
-        lambda self: self.state.stage == RunningStage.TESTING, lambda self, on: self._stage(on, RunningStage.TESTING)
-    )
-    predicting = property(
-        lambda self: self.state.stage == RunningStage.PREDICTING,
-        lambda self, on: self._stage(on, RunningStage.PREDICTING),
-    )
-    sanity_checking = property(
-        lambda self: self.state.stage == RunningStage.SANITY_CHECKING,
-        lambda self, on: self._stage(on, RunningStage.SANITY_CHECKING),
-    )
-    evaluating = property(lambda self: self.state.stage is not None and self.state.stage.evaluating)
-    interrupted = property(lambda self: self.state.status == TrainerStatus.INTERRUPTED)
-
-    def _stage(self, on: bool, stage: RunningStage) -> None:
-        """Lightning's stage setters: True enters ``stage``; False leaves it, if it is the current one."""
-        if on:
-            self.state.stage = stage
-        elif self.state.stage == stage:
-            self.state.stage = None
 
     @property
     def logger(self) -> CSVLogger | None:
@@ -483,21 +366,6 @@ class Trainer:
     def log_dir(self) -> str:
         """The first logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
         return self.loggers[0].log_dir if self.loggers else self.args.default_root_dir
-
-    barebones = property(lambda self: self.args.barebones)
-    overfit_batches = property(lambda self: self.args.overfit_batches)
-    reload_dataloaders_every_n_epochs = property(lambda self: self.args.reload_dataloaders_every_n_epochs)
-    enable_autolog_hparams = property(lambda self: self.args.enable_autolog_hparams)
-
-
-_PROFILER = PassThroughProfiler()
-
-
-def _one_or_all(loaders: list[Any] | None) -> Any:
-    """A stage's loaders as Lightning's ``*_dataloaders`` give them: the loader, a list of several, or None."""
-    if not loaders:
-        return None
-    return loaders[0] if len(loaders) == 1 else loaders
 
 
 def _check_module(model: Any, stage: str) -> Module:

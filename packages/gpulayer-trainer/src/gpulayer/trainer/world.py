@@ -46,15 +46,15 @@ def find_placement(args: TrainerArguments) -> tuple[Placement, Strategy]:
 def on_chosen_gpu(placement: Placement, args: TrainerArguments) -> Placement:
     """On CUDA, the rank with local rank ``r`` trains on GPU ``devices[r]`` (Lightning's ``parallel_devices``); a
     count of devices numbers them from 0, so that is GPU ``r``."""
-    if args.accelerator != "cuda" or args.device_indices is None:
+    if args.accelerator != "cuda" or args.devices is None:
         return placement
-    return dataclasses.replace(placement, cuda_index=args.device_indices[placement.local_rank])
+    return dataclasses.replace(placement, cuda_index=args.devices[placement.local_rank])
 
 
 def devices_per_node(args: TrainerArguments, placement: Placement) -> int:
     """``devices`` as a count; ``"auto"`` is the launcher's processes per node, else every GPU (Lightning) or 1 CPU."""
-    if args.device_indices is not None:
-        return len(args.device_indices)
+    if args.devices is not None:
+        return len(args.devices)
     if placement.source != "in-process":
         return placement.local_world_size
     return torch.cuda.device_count() if args.accelerator == "cuda" else 1

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_workers_of
@@ -219,3 +219,15 @@ def shut_down_workers(loaders: Iterable[Any]) -> None:
             iterator._shutdown_workers()
         if iterator is not None:
             loader._iterator = None
+
+
+def warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is_global_zero: bool) -> None:
+    """Lightning's warning (on global rank 0): no row of the logger would come from this epoch's steps."""
+    if is_global_zero:
+        warnings.warn(
+            f"The number of training batches ({batches}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={log_every_n_steps}). Set a lower value for log_every_n_steps if you want "
+            "to see logs for the training epoch.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )

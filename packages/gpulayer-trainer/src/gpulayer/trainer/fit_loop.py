@@ -31,9 +31,10 @@ from gpulayer.trainer.data import (
     reload_due,
     set_data_rng_state,
     stop_together,
+    warn_too_few_batches_to_log,
 )
 from gpulayer.trainer.evaluation_loop import validates_in_epoch
-from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
@@ -54,8 +55,9 @@ if TYPE_CHECKING:
 
 
 class FitLoop:
-    """Trains: owns the run's counters (``global_step``, ``current_epoch``, the epoch's position), the train data,
-    and the optimization of one batch (``optimization``, built by each ``fit``)."""
+    """Trains: epochs and batches, one body per batch (``run_batch``). Holds the run's counters (``progress``), the
+    plan of when its per-batch rules act (``cadence``), the train data, and the optimization of one batch
+    (``optimization``, built by each ``fit``)."""
 
     def __init__(
         self,
@@ -172,7 +174,7 @@ class FitLoop:
         else:
             self.val_check_batch = max(1, int(self.max_batches * interval))
         if self.max_batches < args.log_every_n_steps and trainer.loggers and not args.fast_dev_run:
-            _warn_too_few_batches_to_log(self.max_batches, args.log_every_n_steps, trainer.is_global_zero)
+            warn_too_few_batches_to_log(self.max_batches, args.log_every_n_steps, trainer.is_global_zero)
 
     # ---- the run -----------------------------------------------------------------------------------------------
     def sanity_check(self) -> None:
@@ -440,15 +442,3 @@ class FitLoop:
             return
         count = (progress.batch_idx if interval == "step" else progress.epochs_completed) + 1
         step_schedulers(configs, interval, count, self.hooks, lambda: self.trainer.callback_metrics, plateau)
-
-
-def _warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is_global_zero: bool) -> None:
-    """Lightning's warning (on global rank 0): no row of the logger would come from this epoch's steps."""
-    if is_global_zero:
-        warnings.warn(
-            f"The number of training batches ({batches}) is smaller than the logging interval "
-            f"Trainer(log_every_n_steps={log_every_n_steps}). Set a lower value for log_every_n_steps if you want "
-            "to see logs for the training epoch.",
-            PossibleUserWarning,
-            stacklevel=3,
-        )

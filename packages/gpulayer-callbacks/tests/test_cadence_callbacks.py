@@ -67,7 +67,8 @@ def _run(root: Path, every_rule: bool, callbacks, interval: str, **trainer_args)
         for path in sorted(version.rglob("*.ckpt"))
     }
     monitors = [callback for callback in trainer.callbacks if isinstance(callback, LearningRateMonitor)]
-    return model, trainer, (version / "metrics.csv").read_text(), files, [monitor.lrs for monitor in monitors]
+    csv = version / "metrics.csv"
+    return model, trainer, csv.read_text() if csv.exists() else "", files, [monitor.lrs for monitor in monitors]
 
 
 CASES = {
@@ -129,3 +130,30 @@ def test_a_time_triggered_checkpoint_is_saved_after_every_batch_its_clock_is_due
     callbacks = lambda: [ModelCheckpoint(train_time_interval=timedelta(microseconds=1), save_top_k=-1)]  # noqa: E731
     _, trainer, _, files, _ = _run(tmp_path, False, callbacks, "epoch", max_epochs=1)
     assert len(files) == trainer.global_step == 11
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.parametrize("every_rule", [False, True], ids=["planned", "every rule at every batch"])
+def test_a_run_resumed_inside_an_accumulation_window_saves_as_every_rule_would(tmp_path, every_rule):
+    """Resumed from the step-2 checkpoint (saved at batch_idx 3, which made ``global_step`` 2), the next batch only
+    accumulates, so ``global_step`` is still a multiple of 2 at its end and the step trigger acts there again: it
+    rewrites the step-2 file from batch_idx 4, as when every rule runs at every batch."""
+    folder = tmp_path / "checkpoints"
+    for max_steps, ckpt_path in ((2, None), (4, folder / "epoch=0-step=2.ckpt")):
+        seed_everything(3)
+        model = _Regressor()
+        trainer = Trainer(
+            accelerator="cpu",
+            enable_progress_bar=False,
+            logger=False,
+            default_root_dir=tmp_path,
+            max_steps=max_steps,
+            accumulate_grad_batches=2,
+            callbacks=[ModelCheckpoint(dirpath=folder, every_n_train_steps=2, save_top_k=-1)]
+            + ([_AsksEveryRule()] if every_rule else []),
+        )
+        trainer.fit(model, DataLoader(_data(44), batch_size=4), ckpt_path=ckpt_path)
+    assert model.planned[0] is True
+    assert sorted(path.name for path in folder.iterdir()) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    rewritten = torch.load(folder / "epoch=0-step=2.ckpt", weights_only=True)
+    assert rewritten["loops"]["fit_loop"]["batch_idx"] == 4

@@ -80,6 +80,7 @@ class ManualOptimization:
     """The optimization of one batch when ``automatic_optimization`` is off: ``training_step``, whose returned loss
     (if any) reaches ``on_train_batch_end`` detached, as ``{"loss": ...}`` or the returned dict."""
 
+    manual = True  # training_step steps the optimizers: the module's optimizers() and manual_backward use this
     steps_schedulers = False  # the user steps them (Lightning's rule)
 
     def __init__(

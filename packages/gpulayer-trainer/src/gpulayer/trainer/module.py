@@ -149,11 +149,10 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
 
     def _manual_optimization(self) -> ManualOptimization | None:
         """The fit loop's ``ManualOptimization`` while ``fit`` trains with it, else None: the one place the module
-        reaches the running optimization (``trainer.fit_loop.optimization``)."""
-        from gpulayer.trainer.manual_optimization import ManualOptimization  # it imports this module
-
+        reaches the running optimization (``trainer.fit_loop.optimization``). Told apart by its ``manual`` flag: the
+        class cannot be imported here (its module imports this one), and an import per call costs per step."""
         optimization = self.trainer.fit_loop.optimization
-        return optimization if isinstance(optimization, ManualOptimization) else None
+        return optimization if optimization is not None and optimization.manual else None
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer`` (parameters that did not

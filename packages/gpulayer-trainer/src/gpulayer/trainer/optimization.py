@@ -33,6 +33,7 @@ class AutomaticOptimization:
     """The optimization of one batch (``run``) when ``automatic_optimization`` is on: the fit loop holds one per
     ``fit``, built with everything it uses, and counts on it to advance ``global_step``."""
 
+    manual = False  # training_step does not step the optimizer
     steps_schedulers = True  # the fit loop steps the schedulers (under manual optimization the user does)
 
     def __init__(

@@ -10,7 +10,8 @@ agent). Each rank writes ``OUT/pid<R>`` on starting; the rank that injects the f
   ``on_train_batch_end``), ``raise_in_checkpoint_save`` (the module's ``on_save_checkpoint`` while
   ModelCheckpoint saves): a RuntimeError naming the rank;
 - ``raise_and_linger``: the RuntimeError in ``training_step``, then an exit that waits (in an atexit handler) for
-  the agent's SIGTERM, so that the peer, whose all-reduce times out, dies first;
+  the agent's SIGTERM, so that the peer, whose all-reduce times out, dies first (with ``manual=True`` that
+  all-reduce is in the peer's ``manual_backward``);
 - ``sigkill``: the rank SIGKILLs itself inside ``training_step``;
 - ``desync``: the rank enters ``trainer.runtime.barrier()`` (at ``DESYNC_LINE``) that its peer skips;
 - ``kill_during_save``: global rank 0 writes half of its second checkpoint, then SIGKILLs itself. ``torch.save``
@@ -63,6 +64,7 @@ OPTIONS = {
     "max_epochs": 2,
     "timeout": 30.0,  # DDPStrategy(timeout=...), seconds: bounds every collective
     "ckpt_path": None,  # resume from this checkpoint ("last" or a path)
+    "manual": False,  # manual optimization: training_step steps the optimizer (manual_backward, step)
 }
 SAMPLES = 32  # batches of 4 on 2 ranks: 4 training batches per rank and epoch, 2 validation batches
 SAVE_EVERY_N_STEPS = 4
@@ -107,6 +109,7 @@ def run(out: Path, o: SimpleNamespace) -> None:
         def __init__(self) -> None:
             super().__init__()
             self.net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+            self.automatic_optimization = not o.manual
 
         def on_train_start(self) -> None:
             starts.append(self.trainer.global_step)
@@ -133,7 +136,13 @@ def run(out: Path, o: SimpleNamespace) -> None:
             if o.fault == "desync" and here(trainer, batch_idx):
                 injecting(o.fault)
                 trainer.runtime.barrier()  # DESYNC_LINE: the peer skips this collective
-            return F.mse_loss(self.net(inputs), target)
+            loss = F.mse_loss(self.net(inputs), target)
+            if o.manual:
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+            return loss
 
         def validation_step(self, batch, batch_idx):
             inputs, target = batch

@@ -109,6 +109,32 @@ def test_the_rank_that_raised_is_blamed_when_its_peer_dies_first(tmp_path, outco
     )
 
 
+def test_a_peer_lost_during_manual_backward_is_named_as_a_collective_error(tmp_path, outcome):
+    # The case above under manual optimization: rank 0 waits in the gradient all-reduce of its manual_backward.
+    job = run_job(
+        tmp_path, fault="raise_and_linger", rank=1, batch=2, max_epochs=1, timeout=DESYNC_TIMEOUT_S, manual=True
+    )
+    assert_ended_naming(job, 1, "was killed by signal SIGTERM: RuntimeError: injected fault in training_step")
+    named = (
+        "CollectiveError: DDP's gradient all-reduce timed out on rank 0, called at manual_backward() in training_step"
+    )
+    assert f"{named}(batch_idx=2)" in job.stderr, job.stderr
+    outcome(
+        "Faults",
+        "manual optimization: exception on rank 1, which exits only when stopped, while its peer is in manual_backward",
+        exit_status=job.exit_status,
+        seconds_to_exit=round(job.seconds_to_exit, 1),
+        processes_left=len(job.processes_left),
+        processes_seen=len(job.processes),
+        names_rank=True,
+        data_lost="the steps since the last checkpoint",
+        result=(
+            "rank 0's gradient all-reduce in manual_backward times out and rank 0 dies with a CollectiveError naming "
+            "it and training_step(batch_idx=2); the agent stops rank 1, which the launcher names"
+        ),
+    )
+
+
 @pytest.fixture(scope="module")
 def desync(tmp_path_factory) -> Job:
     """Rank 1 enters a barrier in training_step that rank 0 skips (rank 0 goes on to DDP's gradient all-reduce)."""

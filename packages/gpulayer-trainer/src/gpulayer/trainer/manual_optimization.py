@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.trainer.evaluation_loop import takes_batch_idx
+from gpulayer.trainer.backward import Backward
 from gpulayer.trainer.exceptions import MisconfiguredTypeError
-from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
+from gpulayer.trainer.optimization import training_step_arity
+from gpulayer.trainer.precision import ScaledOptimizer
 
 if TYPE_CHECKING:
     from gpulayer.trainer.fit_loop import FitLoop
@@ -41,6 +42,7 @@ class ManualOptimizer:
         skipped = ("step", "__del__", *_SHARED)
         self.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in skipped})
         self._optimizer, self._loop, self._hooks, self._scaler = optimizer, loop, hooks, precision.scaler
+        self._scaled = None if self._scaler is None else ScaledOptimizer(optimizer, self._scaler, automatic=False)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -55,16 +57,13 @@ class ManualOptimizer:
         then ``global_step`` advances by one."""
         if closure is not None and not callable(closure):
             raise MisconfiguredTypeError(f"optimizer.step(closure={closure!r}): the closure must be callable")
-        optimizer, scaler = self._optimizer, self._scaler
-        if scaler is None and closure is None:  # the common call: no closure to wrap
+        if self._scaled is not None:
+            output = self._scaled.step(functools.partial(self._before_step, closure, unscale=True), **kwargs)
+        elif closure is None:  # the common call: no closure to wrap
             self._before_step(None)
-            output = optimizer.step(**kwargs)
-        elif scaler is None:
-            output = optimizer.step(closure=functools.partial(self._before_step, closure), **kwargs)
+            output = self._optimizer.step(**kwargs)
         else:
-            self._before_step(closure, unscale=True)
-            output = scaler.step(optimizer, **kwargs)
-            scaler.update()
+            output = self._optimizer.step(closure=functools.partial(self._before_step, closure), **kwargs)
         self._loop.progress.global_step += 1
         return output
 
@@ -81,6 +80,7 @@ class ManualOptimization:
     """The optimization of one batch when ``automatic_optimization`` is off: ``training_step``, whose returned loss
     (if any) reaches ``on_train_batch_end`` detached, as ``{"loss": ...}`` or the returned dict."""
 
+    manual = True  # training_step steps the optimizers: the module's optimizers() and manual_backward use this
     steps_schedulers = False  # the user steps them (Lightning's rule)
 
     def __init__(
@@ -93,17 +93,17 @@ class ManualOptimization:
     ) -> None:
         precision = strategy.precision_plugin
         self.manual_optimizers = [ManualOptimizer(optimizer, loop, hooks, precision) for optimizer in optimizers]
-        self._hooks, self._strategy = hooks, strategy
-        self._own_backward = is_overridden("backward", module, Module)
-        self._takes_batch_idx = takes_batch_idx(module.training_step)
+        self._backward = Backward(module, hooks, strategy, manual=True).run
+        self._step_arity = training_step_arity(module)
         self._training_step = strategy.manual_training_step_runner(hooks.step_caller("training_step"))
         self._step_context = precision.step_context
+        self._batch_idx = 0  # the running batch's, for the call site a failed gradient collective names
 
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any], torch.Tensor | None]:
         """One batch (``accumulate`` is never true: accumulation is refused under manual optimization)."""
-        step_args = (batch, batch_idx) if self._takes_batch_idx else (batch,)
+        self._batch_idx = batch_idx
         with self._step_context():
-            output = self._training_step(*step_args)
+            output = self._training_step(*(batch, batch_idx)[: self._step_arity])
         if isinstance(output, torch.Tensor):
             return {"loss": output.detach()}, output
         if isinstance(output, Mapping):
@@ -119,18 +119,5 @@ class ManualOptimization:
         )
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``manual_backward``: the scaled loss through ``on_before_backward``, the module's ``backward`` hook and
-        ``on_after_backward``."""
-        hooks, scaler = self._hooks, self._strategy.precision_plugin.scaler
-        if scaler is not None:
-            loss = scaler.scale(loss)
-        self._strategy.prepare_manual_backward(loss)
-        active = hooks.active
-        if "on_before_backward" in active:
-            hooks.both("on_before_backward", loss)
-        if self._own_backward:
-            hooks.module("backward", loss, *args, **kwargs)
-        else:
-            loss.backward(*args, **kwargs)
-        if "on_after_backward" in active:
-            hooks.both("on_after_backward")
+        """``manual_backward``: the one backward path (``Backward``), for the running batch."""
+        self._backward(loss, self._batch_idx, *args, **kwargs)

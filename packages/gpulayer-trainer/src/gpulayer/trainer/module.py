@@ -1,26 +1,29 @@
-"""``Module``: Lightning's ``LightningModule`` surface on an ``nn.Module`` — steps, hooks, ``self.log``."""
+"""``Module``: Lightning's ``LightningModule`` surface on an ``nn.Module`` — steps, hooks, optimization; ``self.log``
+and export are its mixins' (``metric_logging.py``, ``export.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import numbers
 import os
-import sys
-import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.export import ExportMixin
 from gpulayer.trainer.hyperparameters import HyperparametersMixin
+from gpulayer.trainer.metric_logging import MetricLoggingMixin
 from gpulayer.trainer.model_hooks import DataHooks, ModelHooks
-from gpulayer.trainer.results import Meta, log_levels, reduction
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.manual_optimization import ManualOptimization
 
 
-class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
+class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, HyperparametersMixin, nn.Module):
     """Subclass it as you would ``LightningModule``: ``training_step`` and ``configure_optimizers`` at least."""
 
     # Properties TorchScript must not compile when the module is scripted (they read the Trainer), as in Lightning.
@@ -130,14 +133,26 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         ``ManualOptimizer`` wrappers whose ``step()`` counts ``global_step``."""
         optimizers = self.trainer.optimizers
         if use_pl_optimizer and not self.automatic_optimization:
-            optimizers = getattr(self.trainer.fit_loop.optimization, "manual_optimizers", optimizers)
+            optimization = self._manual_optimization()
+            if optimization is not None:
+                optimizers = optimization.manual_optimizers
         return optimizers[0] if len(optimizers) == 1 else optimizers
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward of ``loss`` under manual optimization: scaled under fp16 AMP, through the ``on_before_backward``,
         ``backward`` and ``on_after_backward`` hooks; ``args`` and ``kwargs`` go to ``loss.backward``."""
         self._require_manual_optimization("manual_backward")
-        self.trainer.fit_loop.optimization.backward(loss, *args, **kwargs)
+        optimization = self._manual_optimization()
+        if optimization is None:
+            raise RuntimeError("manual_backward: call it in training_step, while Trainer.fit trains the module")
+        optimization.backward(loss, *args, **kwargs)
+
+    def _manual_optimization(self) -> ManualOptimization | None:
+        """The fit loop's ``ManualOptimization`` while ``fit`` trains with it, else None: the one place the module
+        reaches the running optimization (``trainer.fit_loop.optimization``). Told apart by its ``manual`` flag: the
+        class cannot be imported here (its module imports this one), and an import per call costs per step."""
+        optimization = self.trainer.fit_loop.optimization
+        return optimization if optimization is not None and optimization.manual else None
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Only ``optimizer``'s parameters require gradients until ``untoggle_optimizer`` (parameters that did not
@@ -193,200 +208,6 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         """``print`` on global rank 0 only."""
         if self._trainer is None or self._trainer.is_global_zero:
             print(*args, **kwargs)
-
-    # ---- logging ------------------------------------------------------------------------------------------------
-    def log(
-        self,
-        name: str,
-        value: Any,
-        prog_bar: bool = False,
-        logger: bool | None = None,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: Any = "mean",
-        enable_graph: bool = False,
-        sync_dist: bool = False,
-        sync_dist_group: Any = None,
-        add_dataloader_idx: bool = True,
-        batch_size: int | None = None,
-        metric_attribute: str | None = None,
-        rank_zero_only: bool = False,
-    ) -> None:
-        """Record ``value`` under ``name``; kept on the device and reduced at epoch end (Lightning's rules)."""
-        if sync_dist_group is not None:
-            raise ValueError(
-                f"self.log({name!r}, ..., sync_dist_group={sync_dist_group!r}): GPUlayer reduces sync_dist values "
-                "over every rank; pass sync_dist_group=None"
-            )
-        trainer = self._trainer
-        if trainer is None:
-            warnings.warn(
-                f"self.log({name!r}, ...) was called on a module not attached to a Trainer; nothing is recorded",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        if trainer.args.barebones:
-            warnings.warn(
-                f"self.log({name!r}, ...) records nothing under Trainer(barebones=True), which turns logging off",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        hub = trainer._metric_hub
-        results = hub.results
-        if results is None:
-            raise RuntimeError(f"self.log({name!r}, ...) is not supported in {self._current_fx_name or 'this hook'}")
-        fx = self._current_fx_name
-        # A call made before with the same arguments (every step's) goes to the Metric it went to then: the checks
-        # and the Meta depend only on these arguments, so they would come out the same.
-        call: tuple | None = (
-            fx,
-            name,
-            prog_bar,
-            logger,
-            on_step,
-            on_epoch,
-            reduce_fx,
-            enable_graph,
-            add_dataloader_idx,
-            sync_dist,
-            rank_zero_only,
-            metric_attribute,
-            results.dataloader_idx,
-        )
-        try:
-            metric = results.by_call.get(call)
-        except TypeError:  # an unhashable argument: checked and looked up on every call
-            call = metric = None
-        if metric is None:
-            on_step, on_epoch = log_levels(fx, on_step, on_epoch)
-            if add_dataloader_idx and "/dataloader_idx_" in name:
-                raise MisconfiguredValueError(
-                    f"self.log({name!r}, ...): the name must not contain '/dataloader_idx_' when "
-                    "add_dataloader_idx=True"
-                )
-        value = self._logged_value(name, value, enable_graph)  # a tensor, or a torchmetrics Metric
-        torchmetric = not isinstance(value, torch.Tensor)
-        if hub.should_reset_tensors(fx):
-            results.reset(fx=fx)
-        if metric is None:
-            if torchmetric:
-                metric_attribute = self._attribute_of(name, value, metric_attribute)
-            meta = Meta(
-                fx,
-                name,
-                prog_bar,
-                True if logger is None else logger,
-                on_step,
-                on_epoch,
-                reduction(reduce_fx),
-                enable_graph,
-                add_dataloader_idx,
-                results.dataloader_idx,
-                sync_dist and not rank_zero_only,
-                metric_attribute,
-            )
-            metric = results.metric(meta, torchmetric)
-            if call is not None:
-                results.by_call[call] = metric
-        if torchmetric:
-            metric.update(value, 1)
-        else:
-            results.log(metric, value, batch_size)
-        hub.current_fx = fx
-
-    def log_dict(
-        self,
-        dictionary: Mapping[str, Any],
-        prog_bar: bool = False,
-        logger: bool | None = None,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: Any = "mean",
-        enable_graph: bool = False,
-        sync_dist: bool = False,
-        sync_dist_group: Any = None,
-        add_dataloader_idx: bool = True,
-        batch_size: int | None = None,
-        rank_zero_only: bool = False,
-    ) -> None:
-        """``self.log`` for every key of ``dictionary`` (a ``torchmetrics.MetricCollection`` too: each of its
-        metrics under its name), with the same options."""
-        collection = _torchmetrics_class("MetricCollection")
-        if collection is not None and isinstance(dictionary, collection):
-            # Lightning's way: the names without the collection's prefix base, and no state copies for groups.
-            items = dictionary.items(keep_base=False, copy_state=not dictionary._enable_compute_groups)
-        else:
-            items = dictionary.items()
-        for name, value in items:
-            self.log(
-                name,
-                value,
-                prog_bar=prog_bar,
-                logger=logger,
-                on_step=on_step,
-                on_epoch=on_epoch,
-                reduce_fx=reduce_fx,
-                enable_graph=enable_graph,
-                sync_dist=sync_dist,
-                sync_dist_group=sync_dist_group,
-                add_dataloader_idx=add_dataloader_idx,
-                batch_size=batch_size,
-                rank_zero_only=rank_zero_only,
-            )
-
-    def _attribute_of(self, name: str, metric: Any, given: str | None) -> str:
-        """Lightning's ``metric_attribute``: the name under which the logged Metric is an attribute of the module."""
-        if given is not None:
-            return given
-        metric_class = _torchmetrics_class("Metric")
-        attributes = self.__dict__.get("_metric_attributes")
-        if attributes is None:  # looked up once, as Lightning does
-            attributes = {id(m): n for n, m in self.named_modules() if isinstance(m, metric_class)}
-            self.__dict__["_metric_attributes"] = attributes
-        found = attributes.get(id(metric))
-        if found is None:
-            known = sorted(attributes.values())
-            raise MisconfiguredValueError(
-                f"self.log({name!r}, <{type(metric).__name__}>): the metric is not an attribute of "
-                f"{type(self).__name__}" + (f" (its metrics: {known})" if known else "") + "; set it as one in "
-                "__init__ (self.accuracy = Accuracy(...)), or pass metric_attribute= naming the attribute"
-            )
-        return found
-
-    def _logged_value(self, name: str, value: Any, enable_graph: bool) -> Any:
-        """What ``self.log`` keeps of ``value``: a float tensor on the device, or a ``torchmetrics.Metric`` itself."""
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(
-                    f"self.log({name!r}, ...): the tensor must hold exactly one element, not {value.numel()}"
-                )
-            tensor = value if enable_graph else value.detach()
-            if tensor.dim():
-                tensor = tensor.squeeze()
-            dtype = tensor.dtype
-            if not dtype.is_floating_point:
-                warnings.warn(
-                    f"self.log({name!r}, ...) in {self._current_fx_name}: the value is not floating point; it is "
-                    "converted to reduce it",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            if dtype not in (torch.float32, torch.float64):
-                tensor = tensor.to(_metric_dtype())
-            return tensor
-        if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
-            return torch.full((), value, device=self.device, dtype=_metric_dtype())  # a fill: no copy to the GPU
-        metric_class, collection_class = _torchmetrics_class("Metric"), _torchmetrics_class("MetricCollection")
-        if metric_class is not None and isinstance(value, metric_class):
-            return value
-        if collection_class is not None and isinstance(value, collection_class):
-            raise ValueError(f"self.log({name!r}, <MetricCollection>): log a MetricCollection with self.log_dict")
-        raise ValueError(
-            f"self.log({name!r}, {value!r}): accepted values are a Python number, a one-element tensor or a "
-            f"torchmetrics.Metric (got {type(value).__name__})"
-        )
 
     # ---- steps and configuration (override these) ----------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -529,42 +350,6 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
 
         return load_module(cls, checkpoint_path, map_location, strict, weights_only, **kwargs)
 
-    # ---- export ----------------------------------------------------------------------------------------------------
-    def to_torchscript(
-        self,
-        file_path: str | os.PathLike | None = None,
-        method: str = "script",
-        example_inputs: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        """The module in eval mode as TorchScript, ``torch.jit.script``-ed or, with ``method="trace"``, traced on
-        ``example_inputs`` (default: ``example_input_array``); saved to ``file_path`` when given (Lightning's)."""
-        training = self.training
-        if method == "script":
-            scripted = torch.jit.script(self.eval(), **kwargs)
-        elif method == "trace":
-            scripted = torch.jit.trace(self.eval(), self._export_sample(example_inputs, "to_torchscript"), **kwargs)
-        else:
-            raise ValueError(f"to_torchscript(method={method!r}): accepted values are 'script' and 'trace'")
-        self.train(training)
-        if file_path is not None:
-            torch.jit.save(scripted, os.fspath(file_path))
-        return scripted
-
-    def to_onnx(self, file_path: str | os.PathLike, input_sample: Any = None, **kwargs: Any) -> None:
-        """Export the module in eval mode with ``torch.onnx.export`` on ``input_sample`` (default:
-        ``example_input_array``), as Lightning does; torch's exporter needs the ``onnx`` package."""
-        training = self.training
-        sample = self._export_sample(input_sample, "to_onnx")
-        torch.onnx.export(self.eval(), sample, os.fspath(file_path), **kwargs)
-        self.train(training)
-
-    def _export_sample(self, given: Any, method: str) -> Any:
-        sample = given if given is not None else self.example_input_array
-        if sample is None:
-            raise ValueError(f"{method}: pass a sample input or set the module's example_input_array")
-        return map_tensors(sample, lambda tensor: tensor.to(self.device))
-
     # ---- conveniences ----------------------------------------------------------------------------------------------
     def freeze(self) -> Module:
         for parameter in self.parameters():
@@ -575,15 +360,3 @@ class Module(ModelHooks, DataHooks, HyperparametersMixin, nn.Module):
         for parameter in self.parameters():
             parameter.requires_grad = True
         return self.train()
-
-
-def _metric_dtype() -> torch.dtype:
-    dtype = torch.get_default_dtype()
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def _torchmetrics_class(name: str) -> type | None:
-    """``torchmetrics.<name>`` when torchmetrics is imported (a value of its classes cannot exist otherwise, and
-    gpulayer-trainer does not depend on it)."""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return getattr(torchmetrics, name, None) if torchmetrics is not None else None

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.runtime import CollectiveError
-from gpulayer.runtime.collectives import is_transport_failure
+from gpulayer.trainer.backward import Backward
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.evaluation_loop import takes_batch_idx
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
@@ -34,6 +33,7 @@ class AutomaticOptimization:
     """The optimization of one batch (``run``) when ``automatic_optimization`` is on: the fit loop holds one per
     ``fit``, built with everything it uses, and counts on it to advance ``global_step``."""
 
+    manual = False  # training_step does not step the optimizer
     steps_schedulers = True  # the fit loop steps the schedulers (under manual optimization the user does)
 
     def __init__(
@@ -47,17 +47,17 @@ class AutomaticOptimization:
     ) -> None:
         self.loop, self.hooks, self.args = loop, hooks, args
         self.optimizer = optimizers[0]
-        self.global_rank = strategy.global_rank
         self._warned_none = False
-        self._takes_batch_idx = takes_batch_idx(module.training_step)
+        self._step_arity = training_step_arity(module)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
         # that do not step keep their gradients local.
         self._training_step = strategy.training_step_runner(hooks.step_caller("training_step"))
         self._no_sync = strategy.no_sync
-        # What backward's gradient collective is called when it fails (a peer that never entered it, a lost peer).
-        self._gradient_sync = strategy.gradient_sync
+        self._backward = Backward(module, hooks, strategy, manual=False).run
         precision = strategy.precision_plugin
         self._scaler = precision.scaler
+        # What optimizer_step receives: under fp16 AMP the wrapper whose step lets the scaler step.
+        self._stepper = self.optimizer if self._scaler is None else ScaledOptimizer(self.optimizer, self._scaler)
         self._step_context = None if precision.step_context is contextlib.nullcontext else precision.step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
         self._clips = bool(args.gradient_clip_val) or is_overridden("configure_gradient_clipping", module, Module)
@@ -65,8 +65,8 @@ class AutomaticOptimization:
         # None): without one they are not built (a detach per step).
         self._returns_outputs = "on_train_batch_end" in hooks.every_batch
         # The step hooks a module does not override are their defaults, run directly: a hook call less each.
-        self._own_zero_grad, self._own_backward, self._own_step = (
-            is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "backward", "optimizer_step")
+        self._own_zero_grad, self._own_step = (
+            is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "optimizer_step")
         )
 
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
@@ -80,7 +80,7 @@ class AutomaticOptimization:
 
         def closure() -> torch.Tensor | None:
             """training_step, zero_grad and backward; on a stepping batch also what precedes the step."""
-            step_args = (batch, batch_idx) if self._takes_batch_idx else (batch,)
+            step_args = (batch, batch_idx)[: self._step_arity]
             if self._step_context is None:
                 output = self._training_step(*step_args)
             else:
@@ -98,21 +98,7 @@ class AutomaticOptimization:
                 else:
                     optimizer.zero_grad()
             if loss is not None:
-                backward_loss = scaler.scale(loss) if scaler is not None else loss
-                if "on_before_backward" in active:
-                    hooks.both("on_before_backward", backward_loss)
-                try:
-                    if self._own_backward:
-                        hooks.module("backward", backward_loss)
-                    else:
-                        backward_loss.backward()
-                except RuntimeError as error:  # no cost until one is raised
-                    if self._gradient_sync is None or not is_transport_failure(error):
-                        raise
-                    where = f"loss.backward() after training_step(batch_idx={batch_idx})"
-                    raise CollectiveError(self._gradient_sync, where, self.global_rank, error) from error
-                if "on_after_backward" in active:
-                    hooks.both("on_after_backward")
+                self._backward(loss, batch_idx)
             result[:] = [loss, extra, step_loss]
             if accumulate:
                 return loss
@@ -133,11 +119,10 @@ class AutomaticOptimization:
             with self._no_sync():
                 closure()
         else:
-            stepper = ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
             if self._own_step:
-                hooks.module("optimizer_step", loop.progress.epochs_completed, batch_idx, stepper, closure)
+                hooks.module("optimizer_step", loop.progress.epochs_completed, batch_idx, self._stepper, closure)
             else:
-                stepper.step(closure=closure)
+                self._stepper.step(closure=closure)
             loop.progress.global_step += 1
         loss, extra, step_loss = result
         if not self._returns_outputs:
@@ -168,3 +153,9 @@ class AutomaticOptimization:
             f"training_step returned {type(output).__name__}; automatic optimization accepts a tensor (the loss), "
             'a dict with "loss", or None (skip the batch)'
         )
+
+
+def training_step_arity(module: Module) -> int:
+    """How many of ``(batch, batch_idx)`` ``training_step`` is called with, under either optimization: 2, or 1 for a
+    step that does not take ``batch_idx`` (Lightning's rule, ``takes_batch_idx``). A slice, not a call, per step."""
+    return 2 if takes_batch_idx(module.training_step) else 1

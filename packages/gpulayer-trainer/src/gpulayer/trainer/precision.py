@@ -93,20 +93,24 @@ class Precision:
 
 
 class ScaledOptimizer:
-    """What ``optimizer_step`` receives under fp16 AMP: ``step(closure)`` unscales, lets the scaler skip
-    non-finite updates, and updates the scale. Everything else is the wrapped optimizer's."""
+    """An optimizer stepped through fp16 AMP's ``GradScaler``, under either optimization (Lightning's
+    ``MixedPrecision.optimizer_step``): ``step(closure)`` runs the closure (backward, unscaling, the hooks before the
+    step), then the scaler's step, which skips a non-finite update, and its update. Everything else is the wrapped
+    optimizer's. Under automatic optimization it is what ``optimizer_step`` receives."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, automatic: bool = True) -> None:
         self.optimizer = optimizer
         self.scaler = scaler
+        self._automatic = automatic
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """The closure's loss under automatic optimization, the optimizer's step's output under manual."""
         loss = closure() if closure is not None else None
-        if closure is not None and loss is None:
+        if self._automatic and closure is not None and loss is None:
             return None  # training_step skipped the batch: nothing to unscale or step (Lightning's rule)
-        self.scaler.step(self.optimizer)
+        output = self.scaler.step(self.optimizer, **kwargs)
         self.scaler.update()
-        return loss
+        return loss if self._automatic else output
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)

@@ -156,7 +156,7 @@ def test_shutdown_workers():
         assert not is_alive(pid), "the worker still runs after _shutdown_workers()"
 
 
-# ---- results.py and module.py: logging torchmetrics objects (Lightning's _ResultMetric and log_dict) ---------------
+# ---- results.py and metric_logging.py: logging torchmetrics objects (Lightning's _ResultMetric and log_dict) ---------------
 def test_metric_forward_cache():
     torchmetrics = pytest.importorskip("torchmetrics")
     library = f"torchmetrics {torchmetrics.__version__}"
@@ -172,7 +172,7 @@ def test_metric_collection_enable_compute_groups():
     torchmetrics = pytest.importorskip("torchmetrics")
     library = f"torchmetrics {torchmetrics.__version__}"
     api = "MetricCollection._enable_compute_groups"
-    with relied_on(library, api, "module.py", "decide whether log_dict copies each metric's state"):
+    with relied_on(library, api, "metric_logging.py", "decide whether log_dict copies each metric's state"):
         metrics = [torchmetrics.MeanMetric(), torchmetrics.SumMetric()]
         assert torchmetrics.MetricCollection(metrics)._enable_compute_groups is True  # the default
         assert torchmetrics.MetricCollection(metrics, compute_groups=False)._enable_compute_groups is False

@@ -37,12 +37,14 @@ class Cadence:
         self._every = args.log_every_n_steps
         self._fast_dev_run = bool(args.fast_dev_run)  # every batch logs and syncs, its limits checked at each
         self._window = args.accumulate_grad_batches
+        self.accumulating = self._window > 1  # whether a batch can only accumulate (``accumulates``)
         self._across_epochs = args.check_val_every_n_epoch is None
         self.at_sync_point = False  # the batch being run is one where the ranks combine decisions
         self.next_batch: int | float = 0  # the first batch_idx at which a rule can act
         self.log_at: int | float = math.inf  # batches_that_stepped + 1 at the next log step
         self.validate_at: int | float = math.inf  # the validation index (below) at the next validation by count
         self.clock_due = math.inf  # time.monotonic() at which a clock rule is next due
+        self.clocks = False  # whether any clock rule is planned (else the loop reads no clock)
         self._every_batch = True
         self._step_triggers: list[int] = []
         self._clocks: list[Callable[[], float]] = []
@@ -126,6 +128,7 @@ class Cadence:
         clocks = [due() for due in self._clocks]
         if validating and interval is None and not loop.distributed:
             clocks.append(loop.last_val_time + loop.args.val_check_interval.total_seconds())
+        self.clocks = bool(clocks)
         self.clock_due = min(clocks, default=math.inf) - _CLOCK_MARGIN_S
         self.next_batch = start if self._every_batch else self._first_acting_batch(start)
 

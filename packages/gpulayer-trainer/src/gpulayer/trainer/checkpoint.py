@@ -129,7 +129,10 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
 
 def rng_states() -> dict[str, Any]:
     """torch's, CUDA's, Python's and NumPy's global RNG states, as tensors and plain values only."""
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    version_, internal, gauss = random.getstate()
+    # Python's 625 words as one tensor: as a list they were 625 objects to pickle at every save.
+    python = [version_, torch.tensor(internal, dtype=torch.int64), gauss]
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": python}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     try:
@@ -144,6 +147,7 @@ def rng_states() -> dict[str, Any]:
 def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     version_, internal, gauss = states["python"]
+    internal = internal.tolist() if isinstance(internal, torch.Tensor) else internal  # a list before 2026-12-04
     random.setstate((version_, tuple(internal), gauss))
     if "cuda" in states and torch.cuda.is_available():  # the GPUs present, when resumed on fewer than it saved
         torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
@@ -152,10 +156,6 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
         kind, keys, position, has_gauss, cached = states["numpy"]
         numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, cached))
-
-
-def _plain(value: Any) -> Any:
-    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
 def resolve_ckpt_path(

@@ -92,6 +92,7 @@ class FitLoop:
         self.decisions = SyncDecisions(trainer, self._position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
+        self._step_schedulers = False  # a scheduler with interval="step": the batch rules step it
         self.resume: dict[str, Any] | None = None
 
     def attach(self, source: DataSource) -> None:
@@ -222,6 +223,7 @@ class FitLoop:
         self.val_enabled = self.val_loop.is_enabled()
         overridden = is_overridden("on_train_batch_start", self.trainer.lightning_module, Module)
         self._combine_batch_start = self.distributed and overridden
+        self._step_schedulers = any(config.interval == "step" for config in self.trainer.lr_scheduler_configs)
         if self.should_validate_this_epoch():
             self.val_loop.setup_data()
         self.hub.activate(self.results)
@@ -250,7 +252,7 @@ class FitLoop:
             progress.batch_idx = resume["batch_idx"]
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
             self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
-            self.after_batch(validate=resume["phase"] == "batch")
+            self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1)
         if self.distributed and not has_length(self.loader):
             iterator = stop_together(iterator, self.trainer.runtime)
@@ -309,11 +311,12 @@ class FitLoop:
         planned = batch_idx >= cadence.next_batch or progress.is_last_batch or decided.should_stop
         if planned and "on_train_batch_start" in self.hooks.active and self._batch_start_ends_epoch(batch, batch_idx):
             return True
-        accumulate = cadence.accumulates()
+        accumulate = cadence.accumulating and cadence.accumulates()
         outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
-        if planned or decided.should_stop or decided.received_sigterm or cadence.clock_due <= time.monotonic():
+        clock_due = cadence.clocks and cadence.clock_due <= time.monotonic()
+        if planned or decided.should_stop or decided.received_sigterm or clock_due:
             self.end_batch(outputs, loss, batch, batch_idx, accumulate)
-            self.after_batch()
+            self.after_batch(accumulate)
             cadence.plan(batch_idx + 1)
             return self._epoch_should_end()
         hub.on_batch_end()
@@ -337,7 +340,8 @@ class FitLoop:
         """What follows a batch's optimization: schedulers, sync point, ``on_train_batch_end``, the log step."""
         hooks, hub, cadence = self.hooks, self.hub, self.cadence
         if self.trainer.lr_scheduler_configs:  # step_schedulers does nothing without schedulers: no calls then
-            self.step_schedulers(interval="step")
+            if self._step_schedulers:
+                self.step_schedulers(interval="step")
             if cadence.epoch_ends():
                 self.step_schedulers(interval="epoch")
         cadence.at_sync_point = self.distributed and cadence.is_sync_point()
@@ -367,23 +371,24 @@ class FitLoop:
             return True
         return self.cadence.is_log_step() or (bool(args.log_every_n_steps) and self.decided.should_stop)
 
-    def after_batch(self, validate: bool = True) -> None:
-        """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``)."""
+    def after_batch(self, accumulate: bool, validate: bool = True) -> None:
+        """Validation when due, step plateau schedulers, and the logger step count (Lightning's ``on_advance_end``);
+        ``accumulate``: the batch only accumulated gradients."""
         hub, progress = self.hub, self.progress
         progress.phase = "validation"
         if validate and self.val_enabled and self.should_validate_now():  # val_enabled: its first test, call-free
             first_loop_iter = hub.first_loop_iter
-            if not self.cadence.accumulates():
+            if not accumulate:
                 self.hooks.module("on_validation_model_zero_grad")
             self.validate()
             hub.activate(self.results)
             hub.first_loop_iter = first_loop_iter
             self.decisions.agree()
             self.decisions.preempt_if_asked()
-        if self.trainer.lr_scheduler_configs:
+        if self._step_schedulers:
             self.step_schedulers(interval="step", plateau=True)
         self.cadence.at_sync_point = False
-        if not self.cadence.accumulates():
+        if not accumulate:
             progress.batches_that_stepped += 1
 
     def end_epoch(self) -> None:

@@ -240,3 +240,46 @@ def test_logging_integers_and_integer_tensors(differential):
         return self.loss(batch)
 
     differential(module={"training_step": training_step}, documented_warning=True, callback=SNAPSHOTS)
+
+
+def test_logging_python_bools(differential):
+    """A Python bool is a number to Lightning: True logs 1.0, False 0.0, and the epoch mean is their share."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("flag", True)
+        self.log("first_batch", batch_idx == 0, on_step=True, on_epoch=True, prog_bar=True)
+        return self.loss(batch)
+
+    differential(module={"training_step": training_step}, callback=SNAPSHOTS)
+
+
+def _callback_logging(hook, make_values, **options):
+    """A callback body for ``hook`` that logs with the callback's own ``self.log`` (``self.log_dict`` for a dict)."""
+
+    def body(self, trainer, pl_module, *args):
+        values = make_values(trainer)
+        if isinstance(values, dict):
+            self.log_dict(values, **options)
+        else:
+            self.log(f"cb_{hook}", values, **options)
+
+    return body
+
+
+def test_callbacks_log_through_self_log_with_each_hooks_defaults(differential):
+    """Lightning sets every callback's ``log`` and ``log_dict`` to the module's at each entry point: a callback's
+    ``self.log`` records under its running hook, with that hook's default on_step/on_epoch, in fit and in test."""
+    logs = _callback_logging
+    callback = {
+        "on_train_epoch_start": logs("on_train_epoch_start", lambda t: {"cb_dict_a": t.current_epoch + 1.0}),
+        "on_train_batch_end": logs("on_train_batch_end", lambda t: float(t.global_step), prog_bar=True),
+        "on_before_optimizer_step": logs("on_before_optimizer_step", lambda t: 2.0, on_epoch=True),
+        "on_train_epoch_end": logs("on_train_epoch_end", lambda t: t.current_epoch + 0.5),
+        "on_validation_batch_end": logs("on_validation_batch_end", lambda t: float(t.global_step)),
+        "on_validation_epoch_end": logs("on_validation_epoch_end", lambda t: {"cb_dict_val": 3.0}, prog_bar=True),
+        "on_test_batch_end": logs("on_test_batch_end", lambda t: 4.0, on_step=True),
+        "on_test_epoch_end": logs("on_test_epoch_end", lambda t: 5.0, logger=False),
+    }
+    both = differential(trainer=dict(max_epochs=2), stages=("fit", "test"), callback=callback)
+    assert {"cb_on_train_batch_end", "cb_dict_a", "cb_dict_val"} <= set(both.lightning.callback_metrics["fit"])
+    assert "cb_on_test_batch_end_epoch" in both.lightning.callback_metrics["test"]

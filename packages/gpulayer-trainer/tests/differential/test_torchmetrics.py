@@ -211,3 +211,29 @@ def test_on_two_ranks_each_metric_computes_over_both_ranks_data():
     # between the ranks, above.)
     for name in ("train_acc_epoch", "mean_loss", "val_acc"):
         assert first[name] == pytest.approx(alone[name], abs=1e-6), name
+
+
+def test_a_metric_made_in_a_later_stages_setup_is_found(differential):
+    """Lightning forgets the names of the module's Metric attributes at each teardown: a Metric made in
+    ``setup("test")`` after a fit that logged another Metric is found by ``self.log`` in ``test``."""
+
+    def setup(self, stage):
+        if stage == "fit":
+            self.fit_mean = torchmetrics.MeanMetric()
+        else:
+            self.test_mean = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.fit_mean(loss)
+        self.log("fit_mean", self.fit_mean, on_epoch=True)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        self.test_mean(self.loss(batch))
+        self.log("test_mean", self.test_mean)
+
+    both = differential(
+        stages=("fit", "test"), module={"setup": setup, "training_step": training_step, "test_step": test_step}
+    )
+    assert "test_mean" in both.lightning.callback_metrics["test"]

@@ -158,6 +158,18 @@ class MetricLoggingMixin:
                 rank_zero_only=rank_zero_only,
             )
 
+    def _attach_logging(self, callbacks: list[Any]) -> None:
+        """Each callback's ``self.log`` and ``self.log_dict`` become this module's, set at every entry point (Lightning
+        2.6's ``_attach_model_logging_functions``): a callback logs under its running hook's name and defaults."""
+        for callback in callbacks:
+            callback.log = self.log
+            callback.log_dict = self.log_dict
+
+    def _forget_metric_attributes(self) -> None:
+        """Drops the cache of Metric attribute names at teardown, as Lightning does: a Metric made in a later
+        ``setup`` is found then."""
+        self.__dict__["_metric_attributes"] = None
+
     def _attribute_of(self, name: str, metric: Any, given: str | None) -> str:
         """Lightning's ``metric_attribute``: the name under which the logged Metric is an attribute of the module."""
         if given is not None:
@@ -198,7 +210,7 @@ class MetricLoggingMixin:
             if dtype not in (torch.float32, torch.float64):
                 tensor = tensor.to(_metric_dtype())
             return tensor
-        if isinstance(value, numbers.Number) and not isinstance(value, bool | complex):
+        if isinstance(value, numbers.Number) and not isinstance(value, complex):  # a bool too: True logs 1.0
             return torch.full((), value, device=self.device, dtype=_metric_dtype())  # a fill: no copy to the GPU
         metric_class, collection_class = _torchmetrics_class("Metric"), _torchmetrics_class("MetricCollection")
         if metric_class is not None and isinstance(value, metric_class):

@@ -54,6 +54,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
     try:
         trainer.callbacks = _with_module_callbacks(trainer.callbacks, hooks.module("configure_callbacks"))
         hooks.attach(module, trainer.callbacks)
+        module._attach_logging(trainer.callbacks)
         trainer._batch_transfer.prepare(module, datamodule)
         _verify(trainer, stage, module)
         checkpoint = _set_up(trainer, stage, module, datamodule, hooks)
@@ -97,6 +98,7 @@ def _tear_down(trainer: Trainer, stage: str, hooks: Hooks, datamodule: DataModul
         datamodule.teardown(stage=trainer.state.fn)
     hooks.callbacks("teardown", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("teardown", stage=trainer.state.fn)
+    trainer.lightning_module._forget_metric_attributes()
 
 
 _REMOVED_HOOKS = {

@@ -267,8 +267,9 @@ def _callback_logging(hook, make_values, **options):
 
 
 def test_callbacks_log_through_self_log_with_each_hooks_defaults(differential):
-    """Lightning sets every callback's ``log`` and ``log_dict`` to the module's at each entry point: a callback's
-    ``self.log`` records under its running hook, with that hook's default on_step/on_epoch, in fit and in test."""
+    """Lightning sets every callback's ``log`` and ``log_dict`` to the module's at each entry point (those from
+    ``configure_callbacks`` too): a callback's ``self.log`` records under its running hook, with that hook's default
+    on_step/on_epoch, in fit and in test."""
     logs = _callback_logging
     callback = {
         "on_train_epoch_start": logs("on_train_epoch_start", lambda t: {"cb_dict_a": t.current_epoch + 1.0}),
@@ -280,6 +281,20 @@ def test_callbacks_log_through_self_log_with_each_hooks_defaults(differential):
         "on_test_batch_end": logs("on_test_batch_end", lambda t: 4.0, on_step=True),
         "on_test_epoch_end": logs("on_test_epoch_end", lambda t: 5.0, logger=False),
     }
-    both = differential(trainer=dict(max_epochs=2), stages=("fit", "test"), callback=callback)
-    assert {"cb_on_train_batch_end", "cb_dict_a", "cb_dict_val"} <= set(both.lightning.callback_metrics["fit"])
+
+    def configure_callbacks(self):
+        class Configured(type(self.trainer.callbacks[0]).__base__):  # the framework's Callback
+            def on_train_epoch_end(self, trainer, pl_module):
+                self.log("from_configured", 7.0)
+
+        return [Configured()]
+
+    both = differential(
+        trainer=dict(max_epochs=2),
+        stages=("fit", "test"),
+        callback=callback,
+        module={"configure_callbacks": configure_callbacks},
+    )
+    expected = {"cb_on_train_batch_end", "cb_dict_a", "cb_dict_val", "from_configured"}
+    assert expected <= set(both.lightning.callback_metrics["fit"])
     assert "cb_on_test_batch_end_epoch" in both.lightning.callback_metrics["test"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import pickle
 import types
 import warnings
 from argparse import Namespace
@@ -138,6 +139,35 @@ class HyperparametersMixin:
         if not hasattr(self, "_hparams_initial"):
             return AttributeDict()
         return copy.deepcopy(self._hparams_initial)
+
+
+def init_argument_names(cls: type) -> list[str]:
+    """The arguments ``cls.__init__`` takes by name: Lightning's ``parse_class_init_keys`` rule, ``self``, ``*args``
+    and ``**kwargs`` are none."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())
+    return [parameter.name for parameter in parameters[1:] if parameter.kind not in _VAR_KINDS]
+
+
+def clean_namespace(hparams: MutableMapping, warn: bool = True) -> None:
+    """Lightning's: drop the hyperparameters that cannot be pickled (a lambda, a local function), each with a warning
+    when ``warn`` (global rank 0), so the first checkpoint save does not fail on them."""
+    for key in [key for key, value in hparams.items() if not _is_picklable(value)]:
+        if warn:
+            warnings.warn(
+                f"Attribute '{key}' removed from hparams because it cannot be pickled. You can suppress this warning"
+                f" by setting `self.save_hyperparameters(ignore=['{key}'])`.",
+                UserWarning,
+                stacklevel=4,
+            )
+        del hparams[key]
+
+
+def _is_picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):  # Lightning's list
+        return False
+    return True
 
 
 def _init_args_of_the_calling_chain(frame: types.FrameType) -> list[dict[str, Any]]:

@@ -41,13 +41,11 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         "example_input_array",
         "hparams",
         "hparams_initial",
+        "strict_loading",
     )
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
-    # Whether a checkpoint's state_dict must match the module's keys exactly (Lightning's; set it False in __init__
-    # for a module that adds or drops parameters).
-    strict_loading = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,6 +54,7 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         self.automatic_optimization = True
         self._example_input_array: Any = None
         self._requires_grad_before_toggle: dict[nn.Parameter, bool] = {}
+        self._strict_loading: bool | None = None  # None: never set, so load_from_checkpoint(strict=...) may differ
 
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
@@ -85,6 +84,18 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         for tensor in self.parameters():
             return tensor.dtype
         return torch.get_default_dtype()
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether a checkpoint's state_dict must match the module's keys exactly; unset or None means it must.
+
+        Set it False in ``__init__`` for a module that adds or drops parameters (Lightning's).
+        """
+        return self._strict_loading in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict_loading: bool | None) -> None:
+        self._strict_loading = strict_loading
 
     @property
     def current_epoch(self) -> int:

@@ -151,9 +151,10 @@ def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: An
         offending = re.search(r"GLOBAL ([\w.]+)", str(error))
         name = offending.group(1) if offending else "an object that is not a tensor or a plain Python value"
         raise UnsafeCheckpointError(
-            f"refused to load {path}: it holds {name}, which is not a type GPUlayer writes, and unpickling it could "
-            "run code. If you trust this file, load it with weights_only=False (fit(..., weights_only=False), "
-            "Module.load_from_checkpoint(..., weights_only=False))."
+            f"refused to load {path}: it holds {name}, which is not a tensor or a plain Python value (such as "
+            "a module's OmegaConf hyperparameters), and unpickling it could run code. If you trust this file, load "
+            "it with weights_only=False (fit(..., weights_only=False), Module.load_from_checkpoint(..., "
+            "weights_only=False))."
         ) from None
     if not isinstance(checkpoint, dict):
         raise NotACheckpointError(

@@ -57,6 +57,13 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         self._example_input_array: Any = None
         self._requires_grad_before_toggle: dict[nn.Parameter, bool] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The module without its Trainer, as Lightning's ``LightningModule.__getstate__``: a trained module pickles
+        (``torch.save``, ``copy.deepcopy``, a multiprocessing queue) and comes back detached."""
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
+
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
     def trainer(self) -> Any:

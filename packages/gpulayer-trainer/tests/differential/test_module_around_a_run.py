@@ -257,6 +257,9 @@ def test_a_hook_set_to_none_is_skipped_as_in_lightning(tmp_path):
     for name, *framework in _frameworks():
         runs = [_stages_with(tmp_path / name, *framework, module_hook=hook) for hook in _MODULE_HOOKS_SKIPPED]
         runs += [_stages_with(tmp_path / name, *framework, callback_hook=hook) for hook in ("setup", "teardown")]
+        trainer_class, module_class, *rest = framework
+        set_on_the_class = type("SetOnTheClass", (module_class,), dict.fromkeys(("setup", "on_test_model_eval")))
+        runs.append(_stages_with(tmp_path / name, trainer_class, set_on_the_class, *rest))
         outcomes[name] = runs
     assert outcomes["gpulayer"] == outcomes["lightning"]
     assert all(stage == "ok" for outcome, *_ in outcomes["gpulayer"] for _, stage in outcome)

@@ -154,5 +154,5 @@ def test_training_step_runs_nine_frames_below_fit_in_five_files(tmp_path):
         ("fit_loop.py", "run_batch"),
         ("optimization.py", "run"),
         ("optimization.py", "closure"),
-        ("hooks.py", "call"),
+        ("hooks.py", "_call_step"),
     ]

@@ -6,6 +6,7 @@ callbacks that override a hook are called for it, so an unused hook costs nothin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,24 @@ def is_overridden(name: str, instance: Any, base: type) -> bool:
     return method is not None and method is not getattr(base, name, None)
 
 
+def _set_to_none(module: Module, base: type) -> set[str]:
+    """The hooks of ``base`` that ``module`` (its instance or its class) sets to None: Lightning's
+    ``_call_lightning_module_hook`` skips them."""
+    owners = (vars(module), *(vars(cls) for cls in type(module).__mro__))
+    named = {name for owner in owners for name, value in owner.items() if value is None}
+    return {name for name in named if getattr(module, name, 0) is None and callable(getattr(base, name, None))}
+
+
+def _call_step(module: Module, state: dict[str, Any], name: str, *args: Any) -> Any:
+    """``module.<name>(*args)`` with ``name`` recorded as the running hook: ``Hooks.step_caller``'s body, at module
+    level so that a Trainer holding a step caller pickles (a partial of it costs no more per call than a closure)."""
+    previous, state["_current_fx_name"] = state["_current_fx_name"], name
+    try:
+        return getattr(module, name)(*args)
+    finally:
+        state["_current_fx_name"] = previous
+
+
 def monitors_metrics(callback: Callback) -> bool:
     """Early stopping and checkpoint callbacks run after the module's ``on_train_epoch_end`` (Lightning's rule)."""
     return getattr(callback, "_runs_after_module_on_train_epoch_end", False)
@@ -58,7 +77,7 @@ class Hooks:
         }
         self._noops = {name for name in _DEFAULT_NOOPS if not is_overridden(name, module, Module)}
         self._pass_through = {name for name in _DEFAULT_PASS_THROUGH if not is_overridden(name, module, Module)}
-        self._not_called = self._noops | self._pass_through
+        self._not_called = self._noops | self._pass_through | _set_to_none(module, Module)
         # The hook name is written to the instance dict directly: nn.Module.__setattr__ costs microseconds.
         self._module_state = module.__dict__
         # The hooks for which ``both`` calls anything: per-step callers skip the others (and building their
@@ -100,16 +119,7 @@ class Hooks:
     def step_caller(self, name: str) -> Callable[..., Any]:
         """``module(name, ...)`` for a step method called every batch (``training_step``, ``validation_step``): the
         module and its state looked up once. Step methods have no default to skip."""
-        module, state = self._module, self._module_state
-
-        def call(*args: Any) -> Any:
-            previous, state["_current_fx_name"] = state["_current_fx_name"], name
-            try:
-                return getattr(module, name)(*args)
-            finally:
-                state["_current_fx_name"] = previous
-
-        return call
+        return functools.partial(_call_step, self._module, self._module_state, name)
 
     def both(self, name: str, *args: Any) -> Any:
         if self._overriding[name]:
@@ -119,6 +129,8 @@ class Hooks:
         return self.module(name, *args)
 
     def on_exception(self, exception: BaseException) -> None:
-        """Every callback's ``on_exception`` (not only overriding ones: it is cheap and rare)."""
+        """Every callback's ``on_exception`` (not only overriding ones: it is cheap and rare), but one set to None."""
         for callback in self._callbacks:
-            callback.on_exception(self._trainer, self._module, exception)
+            hook = callback.on_exception
+            if callable(hook):
+                hook(self._trainer, self._module, exception)

@@ -44,6 +44,14 @@ class ManualOptimizer:
         self._optimizer, self._loop, self._hooks, self._scaler = optimizer, loop, hooks, precision.scaler
         self._scaled = None if self._scaler is None else ScaledOptimizer(optimizer, self._scaler, automatic=False)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (a Trainer pickled mid-fit, as Lightning allows) as a wrapper made again: its class, made for its
+        optimizer's class, has no name to be found by."""
+        return _manual_optimizer_of, (type(self._optimizer),), dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # not Optimizer.__setstate__, which patches the class's step
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
@@ -74,6 +82,13 @@ class ManualOptimizer:
         if "on_before_optimizer_step" in self._hooks.active:
             self._hooks.both("on_before_optimizer_step", self._optimizer)
         return result
+
+
+def _manual_optimizer_of(optimizer_class: type) -> ManualOptimizer:
+    """An empty wrapper of ``optimizer_class``, for pickle to fill with its state."""
+    wrapper = object.__new__(ManualOptimizer)
+    wrapper.__class__ = type(f"Manual{optimizer_class.__name__}", (ManualOptimizer, optimizer_class), {})
+    return wrapper
 
 
 class ManualOptimization:

@@ -56,6 +56,13 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         self._requires_grad_before_toggle: dict[nn.Parameter, bool] = {}
         self._strict_loading: bool | None = None  # None: never set, so load_from_checkpoint(strict=...) may differ
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The module without its Trainer, as Lightning's ``LightningModule.__getstate__``: a trained module pickles
+        (``torch.save``, ``copy.deepcopy``, a multiprocessing queue) and comes back detached."""
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
+
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
     def trainer(self) -> Any:

@@ -64,10 +64,12 @@ class AutomaticOptimization:
         # Only an on_train_batch_end that runs at every batch reads the outputs (those that follow the cadence get
         # None): without one they are not built (a detach per step).
         self._returns_outputs = "on_train_batch_end" in hooks.every_batch
-        # The step hooks a module does not override are their defaults, run directly: a hook call less each.
+        # The step hooks a module does not override are their defaults, run directly: a hook call less each. An
+        # optimizer_zero_grad set to None is skipped, as in Lightning: gradients then add up across steps.
         self._own_zero_grad, self._own_step = (
             is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "optimizer_step")
         )
+        self._own_zero_grad = self._own_zero_grad or module.optimizer_zero_grad is None
 
     def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
         """One batch; returns the ``outputs`` that ``on_train_batch_end`` receives (None when nothing does) and

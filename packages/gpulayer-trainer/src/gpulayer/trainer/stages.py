@@ -67,6 +67,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
             # Lightning also evaluates FSDP under no_grad: see Strategy.evaluates_in_inference_mode.
             inference = trainer.args.inference_mode and strategy.evaluates_in_inference_mode
             with torch.inference_mode() if inference else torch.no_grad():
+                module.zero_grad()  # as Lightning's _run_stage does before every loop
                 result = _evaluation_loop(trainer, stage).run()
         _tear_down(trainer, stage, hooks, datamodule)  # inside: an error in on_fit_end or teardown is reported too
     except BaseException as error:
@@ -75,7 +76,7 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
         trainer._logger_rows.finalize("failed")
         hooks.on_exception(error)
         if datamodule is not None:
-            datamodule.on_exception(error)
+            _call_datamodule_hook(datamodule, "on_exception", error)
         strategy.teardown(trainer.optimizers)
         shut_down_workers(_stage_loaders(trainer, stage))
         trainer.state.stage = None
@@ -95,10 +96,17 @@ def _tear_down(trainer: Trainer, stage: str, hooks: Hooks, datamodule: DataModul
     if stage == "fit":
         hooks.both("on_fit_end")
     if datamodule is not None:
-        datamodule.teardown(stage=trainer.state.fn)
+        _call_datamodule_hook(datamodule, "teardown", stage=trainer.state.fn)
     hooks.callbacks("teardown", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("teardown", stage=trainer.state.fn)
     trainer.lightning_module._forget_metric_attributes()
+
+
+def _call_datamodule_hook(datamodule: DataModule, name: str, *args: Any, **kwargs: Any) -> None:
+    """``datamodule.<name>``, unless set to None (Lightning's ``_call_lightning_datamodule_hook`` skips it)."""
+    hook = getattr(datamodule, name)
+    if callable(hook):
+        hook(*args, **kwargs)
 
 
 _REMOVED_HOOKS = {
@@ -174,7 +182,7 @@ def _set_up(
         if trainer.is_global_zero:
             logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
     if datamodule is not None:
-        datamodule.setup(stage=trainer.state.fn)
+        _call_datamodule_hook(datamodule, "setup", stage=trainer.state.fn)
     hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("setup", stage=trainer.state.fn)
     if is_overridden("configure_model", module, Module):
@@ -239,6 +247,7 @@ def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, A
     trainer._logger_rows.hyperparameters()
     if checkpoint is not None:
         restore_training_state(trainer, checkpoint)
+    module.zero_grad()  # as Lightning's _run_stage does before every loop: gradients left from before are dropped
     if loop.resume is None:  # Lightning skips the sanity check when resuming mid-epoch
         with _isolated_rng():
             loop.sanity_check()

@@ -26,6 +26,7 @@ from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError, MisconfiguredValueError
 from gpulayer.trainer.hooks import Hooks, is_overridden
+from gpulayer.trainer.hyperparameters import clean_namespace
 from gpulayer.trainer.manual_optimization import ManualOptimization
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None) -> Any:
     """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``; returns the loop's result."""
+    clean_namespace(module.hparams, warn=trainer.is_global_zero)  # Lightning's _run: before the run
     trainer.should_stop = False
     state = trainer.state
     state.fn = TrainerFn(stage)

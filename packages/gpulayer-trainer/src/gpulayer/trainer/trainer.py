@@ -29,7 +29,6 @@ from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.hooks import Hooks
-from gpulayer.trainer.hyperparameters import clean_namespace
 from gpulayer.trainer.log_line import LogLine
 from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
@@ -167,7 +166,6 @@ class Trainer(TrainerProperties):
         self._release_loaders()
         self.fit_loop.attach(source)
         self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
-        clean_namespace(module.hparams, warn=self.is_global_zero)  # Lightning's _run: before the run
         run_stage(self, "fit", module, datamodule)
 
     def validate(
@@ -210,7 +208,6 @@ class Trainer(TrainerProperties):
         module, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
         self._release_loaders()
         self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
-        clean_namespace(module.hparams, warn=self.is_global_zero)  # Lightning's _run: before the run
         predictions = run_stage(self, "predict", module, datamodule)
         return predictions if return_predictions is not False else None
 
@@ -226,7 +223,6 @@ class Trainer(TrainerProperties):
         module, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
         self._release_loaders()
         loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
-        clean_namespace(module.hparams, warn=self.is_global_zero)  # Lightning's _run: before the run
         results = run_stage(self, stage, module, datamodule)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
         if verbose and self.is_global_zero:

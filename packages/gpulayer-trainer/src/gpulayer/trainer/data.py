@@ -56,7 +56,8 @@ class DataSource:
             loaders = hooks.module(self.hook)
         else:
             loaders = getattr(self.owner, self.hook)()
-        for loader in loaders.values() if isinstance(loaders, dict) else as_loader_list(loaders, self.hook):
+        inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
+        for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
             seed_workers_of(loader, rank)
         return loaders
 

@@ -255,17 +255,13 @@ def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("made", "named"),
     [
-        (
-            lambda cb: cb.TQDMProgressBar(),
-            "callbacks[1] is Lightning's TQDMProgressBar .*: GPUlayer prints one log line",
-        ),
-        (lambda cb: cb.ModelSummary(), "callbacks[1] is Lightning's ModelSummary .*: GPUlayer prints no model summary"),
+        (lambda cb: cb.ProgressBar(), "callbacks[1] is Lightning's ProgressBar .*: GPUlayer prints one log line"),
         (
             lambda cb: cb.EarlyStopping(monitor="x"),
             "callbacks[1] is Lightning's EarlyStopping .* from gpulayer.callbacks",
         ),
     ],
-    ids=["progress bar", "model summary", "another callback"],
+    ids=["progress bar", "another callback"],
 )
 def test_a_lightning_callback_is_named_alone_with_what_to_do_instead(tmp_path, made, named):
     callbacks = pytest.importorskip("lightning.pytorch.callbacks")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
+from gpulayer.trainer.samplers import set_sampler_epoch
 from gpulayer.trainer.seed import seed_workers_of
 
 PREFIX = {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}
@@ -55,22 +56,35 @@ class DataSource:
             loaders = hooks.module(self.hook)
         else:
             loaders = getattr(self.owner, self.hook)()
-        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
+        for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
             seed_workers_of(loader, rank)
         return loaders
 
 
 def as_loader_list(loaders: Any, stage: str) -> list[Any]:
-    """Eval stages take one loader or a list/tuple of them; training takes exactly one."""
-    many = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-    if stage == "train" and len(many) != 1:
+    """An evaluation stage's loaders: one loader or a list/tuple of them."""
+    if isinstance(loaders, dict):
+        raise NotImplementedError(f"a dict of {stage} loaders is not supported; pass one loader or a list")
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
+def train_loader(loaders: Any) -> tuple[Any, Callable[[Any], Any] | None]:
+    """The training loader, and how its batches are shaped: one loader in a list, tuple or dict gives each batch in
+    that container (``[batch]``, ``(batch,)``, ``{name: batch}``), as Lightning 2.6's ``CombinedLoader`` does."""
+    if not isinstance(loaders, (list, tuple, dict)):
+        return loaders, None
+    inner = list(loaders.values()) if isinstance(loaders, dict) else list(loaders)
+    if len(inner) != 1 or isinstance(inner[0], (list, tuple, dict)):
         raise NotImplementedError(
-            f"{len(many)} training loaders: the Trainer trains on one loader; combine them into one "
+            f"train_dataloaders (or train_dataloader()) is a {type(loaders).__name__} of {len(inner)} loaders: GPUlayer "
+            "trains on one loader, given alone or as the only one in a list, tuple or dict; combine them into one "
             "(for example with torch.utils.data.ConcatDataset)"
         )
     if isinstance(loaders, dict):
-        raise NotImplementedError(f"a dict of {stage} loaders is not supported; pass one loader or a list")
-    return list(many)
+        (name,) = loaders
+        return inner[0], lambda batch: {name: batch}
+    return inner[0], (lambda batch: [batch]) if isinstance(loaders, list) else (lambda batch: (batch,))
 
 
 def has_length(loader: Any) -> bool:
@@ -127,6 +141,35 @@ def _generators(loader: Any) -> dict[str, torch.Generator]:
         "sampler": getattr(getattr(loader, "sampler", None), "generator", None),
     }
     return {name: generator for name, generator in found.items() if isinstance(generator, torch.Generator)}
+
+
+def epoch_iterator(loader: Any, progress: Any) -> Iterator[Any]:
+    """A new epoch's iterator, with the RNG state it is made with kept in ``progress`` for a resume."""
+    set_sampler_epoch(loader, progress.epochs_processed)
+    progress.data_snapshots = {"iter": data_rng_state(loader)}
+    return iter(loader)
+
+
+def replayed_iterator(loader: Any, progress: Any, consumed: int, count: int | float) -> Iterator[Any]:
+    """This epoch's iterator, remade from the RNG states it was made and first read with, past ``consumed``
+    batches (``count``: the epoch's batches, ``inf`` for a loader without a length)."""
+    if count == math.inf:
+        warnings.warn(
+            f"resuming in the middle of an epoch of a loader without a length: its first {consumed} batches are "
+            "read again and skipped, which resumes exactly only if it yields the same batches in the same order",
+            UserWarning,
+            stacklevel=4,
+        )
+    now = torch.get_rng_state()
+    snapshots = progress.data_snapshots
+    set_sampler_epoch(loader, progress.epochs_processed)
+    set_data_rng_state(loader, snapshots["iter"])
+    iterator = iter(loader)
+    set_data_rng_state(loader, snapshots["first"])
+    for _ in range(consumed):
+        next(iterator)
+    torch.set_rng_state(now)
+    return iterator
 
 
 def batches(iterator: Iterator[Any], count: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:

@@ -21,8 +21,10 @@ _LOADER_METHODS = (
 
 
 class DataModule(DataHooks, HyperparametersMixin):
-    """Override ``setup`` and the ``*_dataloader`` methods you need; ``prepare_data`` runs once, before ``setup``."""
+    """Override ``setup`` and the ``*_dataloader`` methods you need; ``prepare_data`` runs once, before ``setup``.
+    The batch transfer hooks are ``DataHooks``' defaults, so an override can call ``super()``'s."""
 
+    name: str | None = None
     CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"

@@ -3,6 +3,7 @@ every checkpoint callback moved last) and the CSV logger."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any
@@ -76,24 +77,43 @@ def default_loggers(logger: Any, args: Any) -> list[CSVLogger]:
 
 
 def callback_list(callbacks: Any) -> list[Callback]:
+    """``callbacks=`` as a list of Callbacks, checked; Lightning's display-only callbacks dropped with a warning."""
     if callbacks is None:
         return []
-    many = [callbacks] if isinstance(callbacks, Callback) else callbacks
+    many = [callbacks] if isinstance(callbacks, Callback) or _display_only(callbacks) else callbacks
     many = list(many) if isinstance(many, Iterable) and not isinstance(many, (str, bytes)) else None
     if many is None:
         raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
     for index, callback in enumerate(many):
-        if not isinstance(callback, Callback):
+        if not (isinstance(callback, Callback) or _display_only(callback)):
             raise TypeError(f"callbacks[{index}] is {_described(callback)}")
-    return many
+    dropped = [type(callback).__name__ for callback in many if _display_only(callback)]
+    if dropped:
+        warnings.warn(
+            f"callbacks: Lightning's {', '.join(dropped)} only display progress or a model summary; GPUlayer prints "
+            "its own log line every log_every_n_steps steps and no model summary, so they are dropped",
+            UserWarning,
+            stacklevel=3,
+        )
+    return [callback for callback in many if not _display_only(callback)]
 
 
-# Lightning's display callbacks, and what GPUlayer does in their place.
-_DISPLAY_CALLBACKS = {
-    "ProgressBar": "GPUlayer prints one log line every log_every_n_steps steps (enable_progress_bar=False turns it "
-    "off); remove the callback",
-    "ModelSummary": "GPUlayer prints no model summary (print(model) shows the modules); remove the callback",
-}
+# Lightning's callbacks that only display, and change nothing about training: accepted and dropped. Recognised by
+# name and module, so the trainer never imports Lightning.
+_DISPLAY_ONLY = ("RichProgressBar", "TQDMProgressBar", "RichModelSummary", "ModelSummary")
+_LIGHTNING_CALLBACK_MODULES = ("lightning.pytorch.callbacks", "pytorch_lightning.callbacks")
+
+
+def _display_only(callback: Any) -> bool:
+    kind = type(callback)
+    return kind.__name__ in _DISPLAY_ONLY and kind.__module__.startswith(_LIGHTNING_CALLBACK_MODULES)
+
+
+# What GPUlayer does in place of Lightning's other progress bars (subclasses of its ProgressBar).
+_PROGRESS_BAR = (
+    "GPUlayer prints one log line every log_every_n_steps steps (enable_progress_bar=False turns it off); remove the "
+    "callback"
+)
 
 
 def _described(callback: Any) -> str:
@@ -104,10 +124,8 @@ def _described(callback: Any) -> str:
     kind = type(callback)
     name = f"{kind.__module__}.{kind.__qualname__}"
     if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
-        for base in kind.__mro__:
-            for family, instead in _DISPLAY_CALLBACKS.items():
-                if base.__name__ == family:
-                    return f"Lightning's {kind.__qualname__} ({name}): {instead}"
+        if any(base.__name__ == "ProgressBar" for base in kind.__mro__):
+            return f"Lightning's {kind.__qualname__} ({name}): {_PROGRESS_BAR}"
         return (
             f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer's EarlyStopping, "
             "ModelCheckpoint and LearningRateMonitor come from gpulayer.callbacks, and your own callbacks subclass "

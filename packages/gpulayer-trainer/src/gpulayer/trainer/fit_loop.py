@@ -23,14 +23,15 @@ from gpulayer.trainer.cadence import Cadence
 from gpulayer.trainer.data import (
     DataSource,
     agreed_batches,
-    as_loader_list,
     batches,
     data_rng_state,
+    epoch_iterator,
     has_length,
     num_batches,
     reload_due,
-    set_data_rng_state,
+    replayed_iterator,
     stop_together,
+    train_loader,
     warn_too_few_batches_to_log,
 )
 from gpulayer.trainer.evaluation_loop import validates_in_epoch
@@ -40,7 +41,7 @@ from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
 from gpulayer.trainer.progress import Progress
 from gpulayer.trainer.results import ResultCollection
-from gpulayer.trainer.samplers import sampled, set_sampler_epoch
+from gpulayer.trainer.samplers import sampled
 from gpulayer.trainer.sync_decisions import SyncDecisions
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class FitLoop:
         self.optimization: AutomaticOptimization | ManualOptimization | None = None
         self.progress = Progress()
         self.loader: Any = None
+        self.shape: Any = None  # puts each batch in the container the loader came in (``[loader]``: ``[batch]``)
         self.iterator: Any = None
         self.max_batches: int | float = 0
         self.val_check_batch: int | float | None = None
@@ -93,6 +95,7 @@ class FitLoop:
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
         self._step_schedulers = False  # a scheduler with interval="step": the batch rules step it
+        self._warned_none = False  # Lightning warns of a None training batch once per Trainer
         self.resume: dict[str, Any] | None = None
 
     def attach(self, source: DataSource) -> None:
@@ -145,12 +148,12 @@ class FitLoop:
         args, trainer = self.args, self.trainer
         if (self.loader is not None and not reload) or args.limit_train_batches == 0:
             return
-        (loader,) = as_loader_list(self.source.request(self.hooks, trainer.global_rank), "train")
+        loader, self.shape = train_loader(self.source.request(self.hooks, trainer.global_rank))
         self.loader = loader = sampled(loader, "train", trainer, fitting=True)
         count = num_batches(loader, args.limit_train_batches, "train")
         (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
         if self.progress.epochs_processed == 0 and self.resume is None:
-            self.iterator = self._new_iterator()
+            self.iterator = epoch_iterator(self.loader, self.progress)
         if self.max_batches == 0:
             return
         self.loaded_at_epoch = self.progress.epochs_completed
@@ -242,18 +245,20 @@ class FitLoop:
             if reload_due(self.args, progress.epochs_completed, self.loaded_at_epoch):
                 self.setup_data(reload=True)
             hooks.both("on_train_epoch_start")
-            iterator = self.iterator if self.iterator is not None else self._new_iterator()
+            iterator = self.iterator if self.iterator is not None else epoch_iterator(self.loader, self.progress)
             self.iterator = None
             progress.batch_idx, progress.is_last_batch = -1, False
             progress.data_snapshots["first"] = data_rng_state(self.loader)
             self.cadence.start_epoch(0)
         else:
-            iterator = self._replayed_iterator(resume["batch_idx"] + 1)
+            iterator = replayed_iterator(self.loader, progress, resume["batch_idx"] + 1, self.max_batches)
             progress.batch_idx = resume["batch_idx"]
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
             self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
             self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1)
+        if self.shape is not None:
+            iterator = map(self.shape, iterator)
         if self.distributed and not has_length(self.loader):
             iterator = stop_together(iterator, self.trainer.runtime)
         epoch_batches = batches(transfer.source(iterator), self.max_batches, start=progress.batch_idx + 1)
@@ -272,31 +277,6 @@ class FitLoop:
             ended = self.run_batch(batch, batch_idx)
         self.end_epoch()
 
-    def _new_iterator(self) -> Any:
-        set_sampler_epoch(self.loader, self.progress.epochs_processed)
-        self.progress.data_snapshots = {"iter": data_rng_state(self.loader)}
-        return iter(self.loader)
-
-    def _replayed_iterator(self, consumed: int) -> Any:
-        """This epoch's iterator, remade from the RNG states it was made and first read with, past ``consumed``."""
-        if self.max_batches == math.inf:
-            warnings.warn(
-                f"resuming in the middle of an epoch of a loader without a length: its first {consumed} batches are "
-                "read again and skipped, which resumes exactly only if it yields the same batches in the same order",
-                UserWarning,
-                stacklevel=3,
-            )
-        now = torch.get_rng_state()
-        snapshots = self.progress.data_snapshots
-        set_sampler_epoch(self.loader, self.progress.epochs_processed)
-        set_data_rng_state(self.loader, snapshots["iter"])
-        iterator = iter(self.loader)
-        set_data_rng_state(self.loader, snapshots["first"])
-        for _ in range(consumed):
-            next(iterator)
-        torch.set_rng_state(now)
-        return iterator
-
     def _epoch_should_end(self) -> bool:
         if self.progress.global_step >= self.step_limit or self.cadence.epoch_ends():
             return True
@@ -308,6 +288,8 @@ class FitLoop:
         progress, hub, cadence, decided = self.progress, self.hub, self.cadence, self.decided
         progress.phase = "batch"
         hub.on_batch_start(batch)
+        if batch is None:
+            return self._skip_step(batch_idx)
         planned = batch_idx >= cadence.next_batch or progress.is_last_batch or decided.should_stop
         if planned and "on_train_batch_start" in self.hooks.active and self._batch_start_ends_epoch(batch, batch_idx):
             return True
@@ -315,15 +297,29 @@ class FitLoop:
         outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
         clock_due = cadence.clocks and cadence.clock_due <= time.monotonic()
         if planned or decided.should_stop or decided.received_sigterm or clock_due:
-            self.end_batch(outputs, loss, batch, batch_idx, accumulate)
-            self.after_batch(accumulate)
-            cadence.plan(batch_idx + 1)
-            return self._epoch_should_end()
+            return self._run_rules(outputs, loss, batch, batch_idx, accumulate)
         hub.on_batch_end()
         progress.phase = "validation"
         if not accumulate:
             progress.batches_that_stepped += 1
         return progress.global_step >= self.step_limit
+
+    def _skip_step(self, batch_idx: int) -> bool:
+        """A ``None`` batch (a ``collate_fn`` dropped it), as Lightning 2.6's ``_TrainingEpochLoop.advance``: a
+        warning, no ``on_train_batch_start`` and no step (``global_step`` stays), then the batch's rules with
+        ``outputs=None``; it counts in ``batch_idx`` and ``batches_that_stepped``. Its rules run as at a planned batch
+        (a rule asked early does nothing), and the plan is made again from the counters it leaves."""
+        if not self._warned_none and self.trainer.is_global_zero:
+            warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...", stacklevel=4)
+        self._warned_none = True
+        return self._run_rules(None, None, None, batch_idx, self.cadence.accumulating and self.cadence.accumulates())
+
+    def _run_rules(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> bool:
+        """The per-batch rules after a batch's step, and the plan from the next batch; True when the epoch ends."""
+        self.end_batch(outputs, loss, batch, batch_idx, accumulate)
+        self.after_batch(accumulate)
+        self.cadence.plan(batch_idx + 1)
+        return self._epoch_should_end()
 
     def _batch_start_ends_epoch(self, batch: Any, batch_idx: int) -> bool:
         """``on_train_batch_start``; -1 (on any rank) ends the epoch, with the schedulers stepped as Lightning does."""

@@ -1,11 +1,14 @@
 """The hooks Lightning calls, with its names and arguments: ``ModelHooks`` (a ``Module``'s, each a no-op by
-default) and ``DataHooks`` (shared by ``Module`` and ``DataModule``: data preparation, setup and loaders)."""
+default) and ``DataHooks`` (shared by ``Module`` and ``DataModule``: data preparation, setup, loaders and batch
+transfer)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from gpulayer.trainer.batch import map_tensors
 
 
 class ModelHooks:
@@ -137,3 +140,14 @@ class DataHooks:
 
     def predict_dataloader(self) -> Any:
         raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
+
+    # ---- batch transfer: a DataModule's override wins over the Module's ------------------------------------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        non_blocking = device.type == "cuda"
+        return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch

@@ -315,17 +315,6 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         else:
             nn.utils.clip_grad_norm_(parameters, gradient_clip_val)
 
-    # ---- batch transfer ----------------------------------------------------------------------------------------
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return batch
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        non_blocking = device.type == "cuda"
-        return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return batch
-
     # ---- model modes around evaluation ---------------------------------------------------------------------------
     def on_validation_model_zero_grad(self) -> None:
         self.zero_grad()

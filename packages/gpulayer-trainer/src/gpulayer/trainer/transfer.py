@@ -32,16 +32,21 @@ class BatchTransfer:
         self.device, self.precision, self.hooks, self.prefetch = device, precision, hooks, prefetch
         self.moves = False
         self._datamodule: DataModule | None = None
+        self._from_datamodule: set[str] = set()  # the hooks the DataModule overrides: its own win
         self._hooks_overridden = False
 
     def prepare(self, module: Module, datamodule: DataModule | None) -> None:
-        """Decide, once per stage, whether batches move and whose hooks move them."""
+        """Decide, once per stage, whether batches move and whose hooks move them: each hook the DataModule
+        overrides is the DataModule's (Lightning's ``_DataHookSelector``), the others the Module's."""
+        from gpulayer.trainer.datamodule import DataModule
         from gpulayer.trainer.module import Module
 
         self._datamodule = datamodule
-        self._hooks_overridden = any(
-            is_overridden(hook, module, Module) or (datamodule is not None and hasattr(type(datamodule), hook))
-            for hook in _TRANSFER_HOOKS
+        self._from_datamodule = {
+            hook for hook in _TRANSFER_HOOKS if datamodule is not None and is_overridden(hook, datamodule, DataModule)
+        }
+        self._hooks_overridden = bool(self._from_datamodule) or any(
+            is_overridden(hook, module, Module) for hook in _TRANSFER_HOOKS
         )
         self.moves = self.device.type != "cpu" or self.precision.converts_input or self._hooks_overridden
 
@@ -54,9 +59,8 @@ class BatchTransfer:
         return self._hook("on_after_batch_transfer", batch, dataloader_idx)
 
     def _hook(self, name: str, *args: Any) -> Any:
-        datamodule = self._datamodule
-        if datamodule is not None and hasattr(type(datamodule), name):
-            return getattr(datamodule, name)(*args)
+        if name in self._from_datamodule:
+            return getattr(self._datamodule, name)(*args)
         return self.hooks.module(name, *args)
 
     def source(self, iterator: Any) -> Any:

@@ -2,8 +2,8 @@
 
 Lightning's derives from ``Exception`` alone, so a ported script's ``except MisconfigurationException`` catches only
 that class. GPUlayer's sites raise a subclass that is also the builtin type they have always raised (a
-``ValueError`` for a bad value, a ``TypeError`` for a bad type, a ``NotImplementedError`` for a missing step), so
-either name catches it.
+``ValueError`` for a bad value, a ``TypeError`` for a bad type, a ``RuntimeError`` for a call the hook forbids, a
+``NotImplementedError`` for a missing step), so either name catches it.
 """
 
 
@@ -17,6 +17,10 @@ class MisconfiguredValueError(MisconfigurationException, ValueError):
 
 class MisconfiguredTypeError(MisconfigurationException, TypeError):
     """An argument or returned object of a type the API does not accept."""
+
+
+class MisconfiguredRuntimeError(MisconfigurationException, RuntimeError):
+    """A call the running hook does not allow (``self.log`` where Lightning forbids logging)."""
 
 
 class MisconfiguredNotImplementedError(MisconfigurationException, NotImplementedError):

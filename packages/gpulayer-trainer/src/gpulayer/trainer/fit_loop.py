@@ -35,7 +35,7 @@ from gpulayer.trainer.data import (
     warn_too_few_batches_to_log,
 )
 from gpulayer.trainer.evaluation_loop import validates_in_epoch
-from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimizers import step_schedulers
@@ -111,7 +111,7 @@ class FitLoop:
                 warnings.warn(
                     "max_epochs was not set: training stops after 1000 epochs. Set max_epochs=-1 to train without "
                     "an epoch limit.",
-                    UserWarning,
+                    PossibleUserWarning,
                     stacklevel=4,
                 )
                 self.max_epochs = 1000

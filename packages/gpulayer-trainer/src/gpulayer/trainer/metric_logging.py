@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.exceptions import MisconfiguredRuntimeError, MisconfiguredValueError
 from gpulayer.trainer.results import Meta, ResultCollection, log_levels, reduction
 
 
@@ -99,7 +99,9 @@ class MetricLoggingMixin:
                 stacklevel=3,
             )
         else:
-            raise RuntimeError(f"self.log({name!r}, ...) is not supported in {self._current_fx_name or 'this hook'}")
+            raise MisconfiguredRuntimeError(
+                f"self.log({name!r}, ...) is not supported in {self._current_fx_name or 'this hook'}"
+            )
 
     def _new_metric(
         self, results: ResultCollection, call: tuple, levels: tuple[bool, bool], torchmetric: Any, hashable: bool

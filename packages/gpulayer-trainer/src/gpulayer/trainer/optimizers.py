@@ -9,9 +9,11 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
+from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
+from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.module import Module
 
 if TYPE_CHECKING:
     from gpulayer.trainer.hooks import Hooks
@@ -49,8 +51,11 @@ class _NoOptimizer(torch.optim.Optimizer):
         pass
 
 
-def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
-    """Parse what ``configure_optimizers()`` returned; errors name the method and the accepted forms."""
+def parse_optimizers(
+    returned: Any, module: Module | None = None
+) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+    """Parse what ``module.configure_optimizers()`` returned; errors name the method and the accepted forms. Under
+    manual optimization the schedulers are taken as returned (the module steps them), as Lightning does."""
     if returned is None:
         warnings.warn(
             "configure_optimizers returned None: training runs without an optimizer",
@@ -59,14 +64,44 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[L
         )
         return [_NoOptimizer()], []
     optimizers, schedulers, monitor = _split(returned)
-    configs = [_scheduler_config(scheduler, monitor) for scheduler in schedulers]
+    automatic = module is None or module.automatic_optimization
+    configs = [_scheduler_config(s, monitor) if automatic else _manual_config(s) for s in schedulers]
     for config in configs:
         if getattr(config.scheduler, "optimizer", None) not in optimizers:
             raise MisconfiguredValueError(
                 f"configure_optimizers returned the scheduler {type(config.scheduler).__name__} for an optimizer it "
                 "did not return"
             )
+        if automatic and module is not None:
+            _require_step_api(config.scheduler, module)
     return optimizers, configs
+
+
+def _require_step_api(scheduler: Any, module: Module) -> None:
+    """Lightning's ``_validate_scheduler_api``: the Trainer steps only PyTorch's schedulers itself."""
+    if not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)) and not is_overridden(
+        "lr_scheduler_step", module, Module
+    ):
+        raise MisconfiguredTypeError(
+            f"configure_optimizers returned the lr scheduler {type(scheduler).__name__}, which is not a PyTorch "
+            "LRScheduler or ReduceLROnPlateau; override the module's lr_scheduler_step to step it"
+        )
+
+
+def _manual_config(scheduler: Any) -> LRSchedulerConfig:
+    """Lightning's ``_configure_schedulers_manual_opt``: the module steps its schedulers, so what says when the
+    Trainer would step them (a plateau's monitor, strict) is ignored with a warning."""
+    if not isinstance(scheduler, dict):
+        return LRSchedulerConfig(scheduler)
+    ignored = [key for key in scheduler if key in ("reduce_on_plateau", "monitor", "strict")]
+    if ignored:
+        warnings.warn(
+            f"The lr scheduler dict contains the key(s) {ignored}, but the keys will be ignored. You need to call "
+            "`lr_scheduler.step()` manually in manual optimization.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return LRSchedulerConfig(**{key: value for key, value in scheduler.items() if key not in ignored})
 
 
 def _split(returned: Any) -> tuple[list, list, str | None]:

@@ -148,7 +148,7 @@ class Strategy:
     def setup_optimizers(self, configured: Any) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
         """The optimizers and scheduler configs of what ``configure_optimizers`` returned (Lightning's
         ``Strategy.setup_optimizers``); a strategy that wraps optimizers does it here."""
-        return parse_optimizers(configured)
+        return parse_optimizers(configured, self.lightning_module)
 
     def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """What runs ``step`` in training: ``step`` itself, or ``step`` inside a wrapper's forward."""

@@ -253,7 +253,7 @@ class Trainer(TrainerProperties):
         """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
         calling it on rank 0 alone is safe, except under a sharding strategy: there every rank gathers its shards)."""
         if self.lightning_module is None:
-            raise RuntimeError(
+            raise AttributeError(
                 "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"
             )
         checkpoint = dump_checkpoint(self, weights_only=bool(weights_only))

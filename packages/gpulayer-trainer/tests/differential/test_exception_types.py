@@ -62,8 +62,38 @@ def _trainer(framework, **arguments):
     return framework.Trainer(**(options | {"max_epochs": 1} | arguments), **extra)
 
 
-def _fit(framework, module, **arguments):
-    _trainer(framework, **arguments).fit(module, _loader())
+def _fit(framework, module, datamodule=None, **arguments):
+    loaders = {"datamodule": datamodule} if datamodule is not None else {"train_dataloaders": _loader()}
+    _trainer(framework, **arguments).fit(module, **loaders)
+
+
+def _clashing_hyperparameters(framework):
+    """A module and a DataModule that both save ``width``, with different values, under a logger."""
+    module_base = gl.Module if framework is gl else framework.LightningModule
+    data_base = gl.DataModule if framework is gl else framework.LightningDataModule
+
+    class Wide(module_base):
+        def __init__(self, width=1):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Data(data_base):
+        def __init__(self, width=2):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return _loader()
+
+    logger = (gl if framework is gl else framework.loggers).CSVLogger(tempfile.mkdtemp())
+    _fit(framework, Wide(), datamodule=Data(), logger=logger)
 
 
 MISUSES = {
@@ -82,6 +112,7 @@ MISUSES = {
         "MisconfigurationException",
         TypeError,
     ),
+    "the module and the DataModule save different values": (_clashing_hyperparameters, RuntimeError, ValueError),
 }
 
 

@@ -3,7 +3,8 @@
 Lightning's derives from ``Exception`` alone, so a ported script's ``except MisconfigurationException`` catches only
 that class. GPUlayer's sites raise a subclass that is also the builtin type they have always raised (a
 ``ValueError`` for a bad value, a ``TypeError`` for a bad type, a ``RuntimeError`` for a call the hook forbids, a
-``NotImplementedError`` for a missing step), so either name catches it.
+``NotImplementedError`` for a missing step), so either name catches it. Where Lightning raises a builtin type
+other than GPUlayer's, the class derives from both.
 """
 
 
@@ -25,6 +26,11 @@ class MisconfiguredRuntimeError(MisconfigurationException, RuntimeError):
 
 class MisconfiguredNotImplementedError(MisconfigurationException, NotImplementedError):
     """A method the stage needs that the module does not define."""
+
+
+class HyperparameterClashError(RuntimeError, ValueError):
+    """The module and the DataModule save one hyperparameter with different values: Lightning 2.6 raises a
+    ``RuntimeError``; GPUlayer raised a ``ValueError`` before, so either catches it."""
 
 
 class PossibleUserWarning(UserWarning):

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpulayer.trainer.exceptions import HyperparameterClashError
+
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
 
@@ -58,7 +60,7 @@ class LoggerRows:
                 if k in (logged or {}) and logged[k] != datamodule.hparams_initial[k]
             }
             if clashes:
-                raise ValueError(
+                raise HyperparameterClashError(
                     f"the module and the DataModule save different values for the hyperparameters {sorted(clashes)}; "
                     "rename one of them"
                 )

@@ -51,9 +51,7 @@ class _NoOptimizer(torch.optim.Optimizer):
         pass
 
 
-def parse_optimizers(
-    returned: Any, module: Module | None = None
-) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
+def parse_optimizers(returned: Any, module: Module) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:
     """Parse what ``module.configure_optimizers()`` returned; errors name the method and the accepted forms. Under
     manual optimization the schedulers are taken as returned (the module steps them), as Lightning does."""
     if returned is None:
@@ -64,7 +62,7 @@ def parse_optimizers(
         )
         return [_NoOptimizer()], []
     optimizers, schedulers, monitor = _split(returned)
-    automatic = module is None or module.automatic_optimization
+    automatic = module.automatic_optimization
     configs = [_scheduler_config(s, monitor) if automatic else _manual_config(s) for s in schedulers]
     for config in configs:
         if getattr(config.scheduler, "optimizer", None) not in optimizers:
@@ -72,7 +70,7 @@ def parse_optimizers(
                 f"configure_optimizers returned the scheduler {type(config.scheduler).__name__} for an optimizer it "
                 "did not return"
             )
-        if automatic and module is not None:
+        if automatic:
             _require_step_api(config.scheduler, module)
     return optimizers, configs
 

@@ -1,0 +1,71 @@
+"""Lightning 2.6's warnings about a likely user bug, given by GPUlayer in the same cases with the same category
+and text: validation with a loader but no step, or a step but no loader
+(``lightning/pytorch/trainer/configuration_validator.py``)."""
+
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import gpulayer.trainer as gl
+
+from .conftest import line_fitter, quiet_lightning
+
+_KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`")
+
+
+def _loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+
+
+def _fit_warnings(framework, root, with_step: bool, with_loader: bool) -> list[tuple[str, str]]:
+    """(category name, message) of this file's warnings that a one-epoch fit gives."""
+    is_ours = framework is gl
+    base = line_fitter(gl.Module if is_ours else framework.LightningModule)
+
+    class Module(base):
+        if with_step:
+
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+    extra = {} if is_ours else {"enable_progress_bar": False, "enable_model_summary": False}
+    trainer = framework.Trainer(
+        accelerator="cpu", max_epochs=1, default_root_dir=root, logger=False, enable_checkpointing=False, **extra
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Module(), _loader(), _loader() if with_loader else None)
+    return [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_KINDS)]
+
+
+@pytest.mark.parametrize(
+    ("with_step", "with_loader", "expected"),
+    [
+        (
+            False,
+            True,
+            [("UserWarning", "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.")],
+        ),
+        (
+            True,
+            False,
+            [
+                (
+                    "PossibleUserWarning",
+                    "You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
+                )
+            ],
+        ),
+        (True, True, []),
+        (False, False, []),
+    ],
+    ids=["loader without step", "step without loader", "both", "neither"],
+)
+def test_validation_with_a_loader_or_a_step_alone_warns_as_in_lightning(tmp_path, with_step, with_loader, expected):
+    with warnings.catch_warnings():
+        theirs = _fit_warnings(quiet_lightning(), tmp_path / "lightning", with_step, with_loader)
+    ours = _fit_warnings(gl, tmp_path / "gpulayer", with_step, with_loader)
+    assert theirs == expected
+    assert ours == theirs

@@ -1,6 +1,7 @@
 """Lightning 2.6's warnings about a likely user bug, given by GPUlayer in the same cases with the same category
 and text: validation with a loader but no step, or a step but no loader
-(``lightning/pytorch/trainer/configuration_validator.py``)."""
+(``lightning/pytorch/trainer/configuration_validator.py``); a val/test/predict loader that shuffles
+(``lightning/pytorch/trainer/connectors/data_connector.py``)."""
 
 import warnings
 
@@ -12,7 +13,7 @@ import gpulayer.trainer as gl
 
 from .conftest import line_fitter, quiet_lightning
 
-_KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`")
+_KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`", "Your `")
 
 
 def _loader() -> DataLoader:
@@ -69,3 +70,55 @@ def test_validation_with_a_loader_or_a_step_alone_warns_as_in_lightning(tmp_path
     ours = _fit_warnings(gl, tmp_path / "gpulayer", with_step, with_loader)
     assert theirs == expected
     assert ours == theirs
+
+
+class _Predictor:
+    """Mixed into line_fitter's module: validation, test and predict steps."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+
+def _stage_warnings(framework, root, stage: str, shuffle: bool) -> list[tuple[str, str]]:
+    is_ours = framework is gl
+    base = line_fitter(gl.Module if is_ours else framework.LightningModule)
+    module = type("Module", (_Predictor, base), {})()
+    extra = {} if is_ours else {"enable_progress_bar": False, "enable_model_summary": False}
+    trainer = framework.Trainer(
+        accelerator="cpu", max_epochs=1, default_root_dir=root, logger=False, enable_checkpointing=False, **extra
+    )
+    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4, shuffle=shuffle)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if stage == "fit":
+            trainer.fit(module, _loader(), loader)
+        else:
+            getattr(trainer, stage)(module, loader)
+    return [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_KINDS)]
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in order"])
+@pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
+def test_a_shuffling_evaluation_loader_warns_as_in_lightning(tmp_path, stage, shuffle):
+    with warnings.catch_warnings():
+        theirs = _stage_warnings(quiet_lightning(), tmp_path / "lightning", stage, shuffle)
+    ours = _stage_warnings(gl, tmp_path / "gpulayer", stage, shuffle)
+    assert ours == theirs
+    prefix = {"fit": "val", "validate": "val"}.get(stage, stage)
+    assert theirs == (
+        [
+            (
+                "PossibleUserWarning",
+                f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you "
+                "turn shuffling off for val/test dataloaders.",
+            )
+        ]
+        if shuffle
+        else []
+    )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset, RandomSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
@@ -273,4 +274,21 @@ def warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is
             "to see logs for the training epoch.",
             PossibleUserWarning,
             stacklevel=3,
+        )
+
+
+def warn_if_shuffled(loader: Any, prefix: str, is_global_zero: bool) -> None:
+    """Lightning's ``PossibleUserWarning`` (on global rank 0) for a val/test/predict loader whose sampler shuffles."""
+    if not is_global_zero or isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return
+    if not hasattr(loader, "sampler"):
+        return
+    batch_sampler = loader.batch_sampler
+    sampler = getattr(batch_sampler, "sampler", batch_sampler) if batch_sampler is not None else loader.sampler
+    if isinstance(sampler, RandomSampler):
+        warnings.warn(
+            f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn "
+            "shuffling off for val/test dataloaders.",
+            PossibleUserWarning,
+            stacklevel=4,
         )

@@ -21,6 +21,7 @@ from gpulayer.trainer.data import (
     num_batches,
     reload_due,
     stop_together,
+    warn_if_shuffled,
 )
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
@@ -94,6 +95,8 @@ class EvaluationLoop:
         if fitting and (not trainer.sanity_checking or validates_in_epoch(args, trainer.current_epoch)):
             self.loaded_at = trainer.current_epoch
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
+        for loader in loaders:
+            warn_if_shuffled(loader, self.prefix, trainer.is_global_zero)
         loaders = [sampled(loader, self.prefix, trainer, fitting) for loader in loaders]
         counted_before = self.logged_batches if self.loaders is not None else []
         self.loaders = loaders

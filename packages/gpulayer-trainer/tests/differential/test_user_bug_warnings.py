@@ -1,19 +1,21 @@
 """Lightning 2.6's warnings about a likely user bug, given by GPUlayer in the same cases with the same category
 and text: validation with a loader but no step, or a step but no loader
 (``lightning/pytorch/trainer/configuration_validator.py``); a val/test/predict loader that shuffles
-(``lightning/pytorch/trainer/connectors/data_connector.py``)."""
+(``lightning/pytorch/trainer/connectors/data_connector.py``); an ``IterableDataset`` with a ``__len__``
+(``lightning/pytorch/utilities/data.py``)."""
 
 import warnings
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import gpulayer.trainer as gl
 
 from .conftest import line_fitter, quiet_lightning
 
 _KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`", "Your `")
+_ITERABLE = "Your `IterableDataset` has `__len__` defined."
 
 
 def _loader() -> DataLoader:
@@ -85,7 +87,7 @@ class _Predictor:
         return self.layer(batch[0])
 
 
-def _stage_warnings(framework, root, stage: str, shuffle: bool) -> list[tuple[str, str]]:
+def _stage_warnings(framework, root, stage: str, shuffle: bool = False, data=None) -> list[tuple[str, str]]:
     is_ours = framework is gl
     base = line_fitter(gl.Module if is_ours else framework.LightningModule)
     module = type("Module", (_Predictor, base), {})()
@@ -93,11 +95,12 @@ def _stage_warnings(framework, root, stage: str, shuffle: bool) -> list[tuple[st
     trainer = framework.Trainer(
         accelerator="cpu", max_epochs=1, default_root_dir=root, logger=False, enable_checkpointing=False, **extra
     )
-    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4, shuffle=shuffle)
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1)) if data is None else data
+    loader = DataLoader(data, batch_size=4, shuffle=shuffle)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if stage == "fit":
-            trainer.fit(module, _loader(), loader)
+            trainer.fit(module, loader if data is not None else _loader(), loader)
         else:
             getattr(trainer, stage)(module, loader)
     return [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_KINDS)]
@@ -122,3 +125,37 @@ def test_a_shuffling_evaluation_loader_warns_as_in_lightning(tmp_path, stage, sh
         if shuffle
         else []
     )
+
+
+class _Stream(IterableDataset):
+    """8 samples, with a ``__len__``."""
+
+    def __iter__(self):
+        return iter(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)))
+
+    def __len__(self):
+        return 8
+
+
+class _Endless(_Stream):
+    """The same samples, without a length."""
+
+    __len__ = None
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["with __len__", "without"])
+@pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
+def test_an_iterable_dataset_with_a_length_warns_as_in_lightning(tmp_path, stage, sized):
+    data = _Stream() if sized else _Endless()
+    with warnings.catch_warnings():
+        theirs = _stage_warnings(quiet_lightning(), tmp_path / "lightning", stage, data=data)
+    ours = _stage_warnings(gl, tmp_path / "gpulayer", stage, data=data)
+    assert ours == theirs
+    assert theirs == [
+        (
+            "UserWarning",
+            _ITERABLE + " In combination with multi-process data loading (when num_workers > 1), "
+            "`__len__` could be inaccurate if each worker is not configured independently to avoid having "
+            "duplicate data.",
+        )
+    ] * ((2 if stage == "fit" else 1) if sized else 0)

@@ -60,6 +60,14 @@ class DataSource:
         inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
         for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
             seed_workers_of(loader, rank)
+            if rank == 0 and isinstance(getattr(loader, "dataset", None), IterableDataset) and has_length(loader):
+                warnings.warn(  # Lightning's has_len_all_ranks, which every loop calls on each loader it loads
+                    "Your `IterableDataset` has `__len__` defined. In combination with multi-process data loading "
+                    "(when num_workers > 1), `__len__` could be inaccurate if each worker is not configured "
+                    "independently to avoid having duplicate data.",
+                    UserWarning,
+                    stacklevel=4,
+                )
         return loaders
 
 

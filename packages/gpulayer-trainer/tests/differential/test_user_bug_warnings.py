@@ -2,7 +2,8 @@
 and text: validation with a loader but no step, or a step but no loader
 (``lightning/pytorch/trainer/configuration_validator.py``); a val/test/predict loader that shuffles
 (``lightning/pytorch/trainer/connectors/data_connector.py``); an ``IterableDataset`` with a ``__len__``
-(``lightning/pytorch/utilities/data.py``)."""
+(``lightning/pytorch/utilities/data.py``); a ``predict_step`` returning ``None``
+(``lightning/pytorch/loops/prediction_loop.py``)."""
 
 import warnings
 
@@ -14,7 +15,7 @@ import gpulayer.trainer as gl
 
 from .conftest import line_fitter, quiet_lightning
 
-_KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`", "Your `")
+_KINDS = ("You passed in a `val_dataloader`", "You defined a `validation_step`", "Your `", "predict returned None")
 _ITERABLE = "Your `IterableDataset` has `__len__` defined."
 
 
@@ -159,3 +160,22 @@ def test_an_iterable_dataset_with_a_length_warns_as_in_lightning(tmp_path, stage
             "duplicate data.",
         )
     ] * ((2 if stage == "fit" else 1) if sized else 0)
+
+
+def test_a_predict_step_returning_none_warns_once_per_trainer_as_in_lightning(tmp_path):
+    found = {}
+    for name in ("lightning", "gpulayer"):
+        with warnings.catch_warnings():
+            framework = quiet_lightning() if name == "lightning" else gl
+        is_ours = framework is gl
+        base = type("Base", (_Predictor, line_fitter(gl.Module if is_ours else framework.LightningModule)), {})
+        module = type("Module", (base,), {"predict_step": lambda self, batch, batch_idx: None})()
+        extra = {} if is_ours else {"enable_progress_bar": False, "enable_model_summary": False}
+        trainer = framework.Trainer(accelerator="cpu", default_root_dir=tmp_path / name, logger=False, **extra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # two batches each, twice: one warning
+                trainer.predict(module, _loader())
+        found[name] = [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_KINDS)]
+    assert found["gpulayer"] == found["lightning"]
+    assert found["lightning"] == [("UserWarning", "predict returned None if it was on purpose, ignore this warning...")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,6 +64,7 @@ class EvaluationLoop:
         self.max_batches: list[int | float] = []
         self.logged_batches: list[int] = []
         self.loaded_at: float = -math.inf
+        self.warned_none = False  # Lightning's predict loop warns of a None prediction once per Trainer
 
     @property
     def limit(self) -> int | float:
@@ -137,6 +139,11 @@ class EvaluationLoop:
             for batch_idx, batch, _ in batches(iterator, count):
                 output = self._step(hooks, hub, self.transfer(batch, loader_idx), batch_idx, idx)
                 if self.stage == "predict":
+                    if output is None and not self.warned_none and trainer.is_global_zero:
+                        self.warned_none = True
+                        warnings.warn(
+                            "predict returned None if it was on purpose, ignore this warning...", stacklevel=2
+                        )
                     predictions.append(map_tensors(output, lambda t: t.cpu()))
             outputs.append(predictions if self.stage == "predict" else self._loader_end(hub))
         if self.stage == "predict":

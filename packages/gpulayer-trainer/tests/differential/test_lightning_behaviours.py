@@ -101,6 +101,8 @@ def test_hooks_assigned_on_instances_and_mocked_callbacks_are_called_as_in_light
     assert counts["gpulayer"] == counts["lightning"] == ([0, 1], 2, 12)
 
 
+# Lightning warns here too: a val_dataloader without a validation_step (test_user_bug_warnings.py checks it).
+@pytest.mark.filterwarnings("ignore:You passed in a `val_dataloader` but have no `validation_step`:UserWarning")
 def test_a_validation_step_set_to_none_switches_validation_off(tmp_path):
     def no_validation(model):
         model.validation_step = None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset, RandomSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
@@ -59,6 +60,14 @@ class DataSource:
         inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
         for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
             seed_workers_of(loader, rank)
+            if rank == 0 and isinstance(getattr(loader, "dataset", None), IterableDataset) and has_length(loader):
+                warnings.warn(  # Lightning's has_len_all_ranks, which every loop calls on each loader it loads
+                    "Your `IterableDataset` has `__len__` defined. In combination with multi-process data loading "
+                    "(when num_workers > 1), `__len__` could be inaccurate if each worker is not configured "
+                    "independently to avoid having duplicate data.",
+                    UserWarning,
+                    stacklevel=4,
+                )
         return loaders
 
 
@@ -273,4 +282,21 @@ def warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is
             "to see logs for the training epoch.",
             PossibleUserWarning,
             stacklevel=3,
+        )
+
+
+def warn_if_shuffled(loader: Any, prefix: str, is_global_zero: bool) -> None:
+    """Lightning's ``PossibleUserWarning`` (on global rank 0) for a val/test/predict loader whose sampler shuffles."""
+    if not is_global_zero or isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return
+    if not hasattr(loader, "sampler"):
+        return
+    batch_sampler = loader.batch_sampler
+    sampler = getattr(batch_sampler, "sampler", batch_sampler) if batch_sampler is not None else loader.sampler
+    if isinstance(sampler, RandomSampler):
+        warnings.warn(
+            f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn "
+            "shuffling off for val/test dataloaders.",
+            PossibleUserWarning,
+            stacklevel=4,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from gpulayer.trainer.data import (
     num_batches,
     reload_due,
     stop_together,
+    warn_if_shuffled,
 )
 from gpulayer.trainer.hooks import is_overridden
 from gpulayer.trainer.module import Module
@@ -62,6 +64,7 @@ class EvaluationLoop:
         self.max_batches: list[int | float] = []
         self.logged_batches: list[int] = []
         self.loaded_at: float = -math.inf
+        self.warned_none = False  # Lightning's predict loop warns of a None prediction once per Trainer
 
     @property
     def limit(self) -> int | float:
@@ -94,6 +97,8 @@ class EvaluationLoop:
         if fitting and (not trainer.sanity_checking or validates_in_epoch(args, trainer.current_epoch)):
             self.loaded_at = trainer.current_epoch
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
+        for loader in loaders:
+            warn_if_shuffled(loader, self.prefix, trainer.is_global_zero)
         loaders = [sampled(loader, self.prefix, trainer, fitting) for loader in loaders]
         counted_before = self.logged_batches if self.loaders is not None else []
         self.loaders = loaders
@@ -134,6 +139,11 @@ class EvaluationLoop:
             for batch_idx, batch, _ in batches(iterator, count):
                 output = self._step(hooks, hub, self.transfer(batch, loader_idx), batch_idx, idx)
                 if self.stage == "predict":
+                    if output is None and not self.warned_none and trainer.is_global_zero:
+                        self.warned_none = True
+                        warnings.warn(
+                            "predict returned None if it was on purpose, ignore this warning...", stacklevel=2
+                        )
                     predictions.append(map_tensors(output, lambda t: t.cpu()))
             outputs.append(predictions if self.stage == "predict" else self._loader_end(hub))
         if self.stage == "predict":

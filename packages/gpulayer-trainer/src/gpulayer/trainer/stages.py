@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,11 @@ from gpulayer.trainer.checkpoint import (
 )
 from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError, MisconfiguredValueError
+from gpulayer.trainer.exceptions import (
+    MisconfiguredNotImplementedError,
+    MisconfiguredValueError,
+    PossibleUserWarning,
+)
 from gpulayer.trainer.hooks import Hooks, is_overridden
 from gpulayer.trainer.hyperparameters import clean_namespace
 from gpulayer.trainer.manual_optimization import ManualOptimization
@@ -148,6 +153,8 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
             raise MisconfiguredValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
+        if trainer.is_global_zero:
+            _warn_unpaired_validation(trainer, module)
     step = {"validate": "validation_step", "test": "test_step"}.get(stage)
     if step is not None and not is_overridden(step, module, Module):
         raise MisconfiguredNotImplementedError(f"{stage}: {name} does not define {step}()")
@@ -157,6 +164,23 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
             raise MisconfiguredValueError(
                 f"{stage}: no data; pass dataloaders, a datamodule, or define {loop.prefix}_dataloader()"
             )
+
+
+def _warn_unpaired_validation(trainer: Trainer, module: Module) -> None:
+    """Lightning's warnings (global rank 0) for a fit whose validation has a loader or a step but not both."""
+    source = trainer.fit_loop.val_loop.source
+    has_loader = source is not None and source.is_defined()
+    has_step = is_overridden("validation_step", module, Module)
+    if has_loader and not has_step:
+        warnings.warn(
+            "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.", stacklevel=5
+        )
+    if has_step and not has_loader:
+        warnings.warn(
+            "You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
+            PossibleUserWarning,
+            stacklevel=5,
+        )
 
 
 def _verify_manual_optimization(args: TrainerArguments) -> None:

@@ -312,7 +312,7 @@ class FitLoop:
         if not self._warned_none and self.trainer.is_global_zero:
             warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...", stacklevel=4)
         self._warned_none = True
-        return self._run_rules(None, None, None, batch_idx, self.cadence.accumulating and self.cadence.accumulates())
+        return self._run_rules(None, None, None, batch_idx, self.cadence.accumulates())
 
     def _run_rules(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> bool:
         """The per-batch rules after a batch's step, and the plan from the next batch; True when the epoch ends."""

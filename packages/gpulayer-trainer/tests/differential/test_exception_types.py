@@ -62,9 +62,14 @@ def _trainer(framework, **arguments):
     return framework.Trainer(**(options | {"max_epochs": 1} | arguments), **extra)
 
 
-def _fit(framework, module, datamodule=None, **arguments):
-    loaders = {"datamodule": datamodule} if datamodule is not None else {"train_dataloaders": _loader()}
+def _fit(framework, module, datamodule=None, loaders=None, **arguments):
+    if loaders is None:
+        loaders = {"datamodule": datamodule} if datamodule is not None else {"train_dataloaders": _loader()}
     _trainer(framework, **arguments).fit(module, **loaders)
+
+
+def _step_with_index(self, batch, batch_idx, dataloader_idx=0):
+    return self.layer(batch[0]).sum()
 
 
 def _clashing_hyperparameters(framework):
@@ -113,6 +118,47 @@ MISUSES = {
         TypeError,
     ),
     "the module and the DataModule save different values": (_clashing_hyperparameters, RuntimeError, ValueError),
+    "a batch hook without dataloader_idx under two loaders": (
+        lambda f: _trainer(f).validate(
+            _module(f, validation_step=_step_with_index, on_validation_batch_end=lambda self, out, batch, i: None),
+            [_loader(), _loader()],
+        ),
+        RuntimeError,
+        None,
+    ),
+    "a batch hook requiring dataloader_idx under one loader": (
+        lambda f: _trainer(f).test(
+            _module(f, test_step=_step_with_index, on_test_batch_start=lambda self, batch, i, dataloader_idx: None),
+            _loader(),
+        ),
+        RuntimeError,
+        None,
+    ),
+    "predict_step set to None": (
+        lambda f: _trainer(f).predict(_module(f, predict_step=None), _loader()),
+        "MisconfigurationException",
+        TypeError,
+    ),
+    "predict with neither predict_step nor forward": (
+        lambda f: _trainer(f).predict(_module(f), _loader()),
+        "MisconfigurationException",
+        NotImplementedError,
+    ),
+    "an undefined DataModule loader called directly": (
+        lambda f: (gl.DataModule if f is gl else f.LightningDataModule)().val_dataloader(),
+        "MisconfigurationException",
+        NotImplementedError,
+    ),
+    "train_dataloader() returning None": (
+        lambda f: _fit(f, _module(f, train_dataloader=lambda self: None), datamodule=None, loaders={}),
+        TypeError,
+        None,
+    ),
+    "a loader that is not iterable": (
+        lambda f: _trainer(f).validate(_module(f, validation_step=_step_with_index), 5),
+        TypeError,
+        None,
+    ),
 }
 
 

@@ -179,3 +179,56 @@ def test_a_predict_step_returning_none_warns_once_per_trainer_as_in_lightning(tm
         found[name] = [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_KINDS)]
     assert found["gpulayer"] == found["lightning"]
     assert found["lightning"] == [("UserWarning", "predict returned None if it was on purpose, ignore this warning...")]
+
+
+_EVAL_MODE = "Found "
+
+
+def _eval_mode_warnings(framework, root, in_eval: str) -> list[tuple[str, str]]:
+    """A fit whose module, or only its layer, was left in eval mode (``in_eval``: "module", "layer" or "none")."""
+    is_ours = framework is gl
+    module = line_fitter(gl.Module if is_ours else framework.LightningModule)()
+    {"module": module, "layer": module.layer, "none": torch.nn.Identity()}[in_eval].eval()
+    extra = {} if is_ours else {"enable_progress_bar": False, "enable_model_summary": False}
+    trainer = framework.Trainer(
+        accelerator="cpu", max_epochs=1, default_root_dir=root, logger=False, enable_checkpointing=False, **extra
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, _loader())
+    return [(type(w.message).__name__, str(w.message)) for w in caught if str(w.message).startswith(_EVAL_MODE)]
+
+
+@pytest.mark.parametrize(("in_eval", "count"), [("module", 2), ("layer", 1), ("none", 0)])
+def test_modules_in_eval_mode_when_training_starts_warn_as_in_lightning(tmp_path, in_eval, count):
+    with warnings.catch_warnings():
+        theirs = _eval_mode_warnings(quiet_lightning(), tmp_path / "lightning", in_eval)
+    ours = _eval_mode_warnings(gl, tmp_path / "gpulayer", in_eval)
+    expected = (
+        "PossibleUserWarning",
+        f"Found {count} module(s) in eval mode at the start of training. This may lead to unexpected behavior "
+        "during training. If this is intentional, you can ignore this warning.",
+    )
+    assert theirs == ([expected] if count else [])
+    assert ours == theirs
+
+
+def _empty_checkpoint_warnings(framework, path) -> list[tuple[str, str]]:
+    is_ours = framework is gl
+    base = gl.Module if is_ours else framework.LightningModule
+    stateless = type("Stateless", (base,), {})
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "pytorch-lightning_version": "2.6.6"}, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stateless.load_from_checkpoint(str(path))
+    return [(type(w.message).__name__, str(w.message)) for w in caught if "contains no parameters" in str(w.message)]
+
+
+def test_a_checkpoint_with_an_empty_state_dict_warns_as_in_lightning(tmp_path):
+    with warnings.catch_warnings():
+        theirs = _empty_checkpoint_warnings(quiet_lightning(), tmp_path / "lightning.ckpt")
+    ours = _empty_checkpoint_warnings(gl, tmp_path / "gpulayer.ckpt")
+    assert theirs == [
+        ("UserWarning", f"The state dict in {str(tmp_path / 'lightning.ckpt')!r} contains no parameters.")
+    ]
+    assert ours == [("UserWarning", f"The state dict in {str(tmp_path / 'gpulayer.ckpt')!r} contains no parameters.")]

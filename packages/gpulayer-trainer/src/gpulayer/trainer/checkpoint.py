@@ -100,6 +100,14 @@ def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) 
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     states = checkpoint.get("callbacks", {})
+    missing = states.keys() - {callback.state_key for callback in trainer.callbacks}
+    if missing and trainer.is_global_zero:  # Lightning's warning (_call_callbacks_on_load_checkpoint)
+        warnings.warn(
+            "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+            f"during `Trainer` instantiation. Please add the following callbacks: {sorted(missing)}.",
+            UserWarning,
+            stacklevel=4,
+        )
     for callback in trainer.callbacks:
         callback.on_load_checkpoint(trainer, module, checkpoint)
     for callback in trainer.callbacks:
@@ -188,6 +196,13 @@ def resolve_ckpt_path(
         )
         ckpt_path = "best"
     if ckpt_path == "best":
+        if len(trainer.checkpoint_callbacks) > 1 and trainer.is_global_zero:
+            warnings.warn(
+                f'{stage}(ckpt_path="best") with {len(trainer.checkpoint_callbacks)} ModelCheckpoint callbacks: the '
+                "best checkpoint of the first one is used",
+                UserWarning,
+                stacklevel=4,
+            )
         callback = trainer.checkpoint_callback
         if callback is None:
             raise ValueError(f'{stage}(ckpt_path="best"): there is no checkpoint callback to know the best checkpoint')
@@ -281,6 +296,9 @@ def load_module(
                 f"Found keys that are not in the model state dict but in the checkpoint: {keys.unexpected_keys}",
                 stacklevel=3,
             )
+    if not checkpoint["state_dict"]:  # Lightning's warning, word for word
+        warnings.warn(f"The state dict in {os.fspath(checkpoint_path)!r} contains no parameters.", stacklevel=3)
+        return model
     first = next((t for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
     return model.to(first.device) if first is not None else model
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
@@ -59,6 +59,7 @@ class DataSource:
             loaders = getattr(self.owner, self.hook)()
         inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
         for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
+            self._check_iterable(loader)
             seed_workers_of(loader, rank)
             if rank == 0 and isinstance(getattr(loader, "dataset", None), IterableDataset) and has_length(loader):
                 warnings.warn(  # Lightning's has_len_all_ranks, which every loop calls on each loader it loads
@@ -69,6 +70,19 @@ class DataSource:
                     stacklevel=4,
                 )
         return loaders
+
+    def _check_iterable(self, loader: Any) -> None:
+        """Lightning's ``TypeError`` for a loader that cannot be iterated (``_check_dataloader_iterable``)."""
+        if isinstance(loader, DataLoader):
+            return
+        try:
+            iter(loader)
+        except TypeError:
+            where = "was given" if self.owner is None else f"came from {type(self.owner).__name__}.{self.hook}()"
+            raise TypeError(
+                f"a {self.hook.removesuffix('_dataloader')} loader that is not iterable {where}: {loader!r}; "
+                "give a DataLoader or another iterable of batches"
+            ) from None
 
 
 def as_loader_list(loaders: Any, stage: str) -> list[Any]:

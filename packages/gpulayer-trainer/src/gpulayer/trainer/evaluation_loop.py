@@ -191,23 +191,29 @@ class EvaluationLoop:
         return self.max_batches
 
     def _check_dataloader_idx(self, module: Module) -> None:
-        """Lightning's rule: several loaders need a ``dataloader_idx`` parameter; one loader must not require it."""
+        """Lightning's rule for the step and the module's batch hooks: several loaders need a ``dataloader_idx``
+        parameter; one loader must not require it (``_verify_dataloader_idx_requirement``)."""
         step = getattr(module, f"{self.name}_step")
-        parameters = inspect.signature(step).parameters
         self._takes_batch_idx = takes_batch_idx(step)
         several = len(self.loaders) > 1
-        has_idx = "dataloader_idx" in parameters or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
-        if several and not has_idx:
-            raise RuntimeError(
-                f"{type(module).__name__}.{self.name}_step must take a `dataloader_idx` argument: "
-                f"{len(self.loaders)} {self.prefix} loaders are in use"
-            )
-        required = parameters.get("dataloader_idx")
-        if not several and required is not None and required.default is inspect.Parameter.empty:
-            raise RuntimeError(
-                f"{type(module).__name__}.{self.name}_step requires `dataloader_idx` but one {self.prefix} loader "
-                "is in use; give it a default (dataloader_idx=0)"
-            )
+        hooks = [f"{self.name}_step", f"on_{self.name}_batch_start", f"on_{self.name}_batch_end"]
+        for hook in hooks:
+            method = getattr(module, hook)
+            if method is None:  # a hook set to None is skipped
+                continue
+            parameters = inspect.signature(inspect.unwrap(method)).parameters
+            has_idx = "dataloader_idx" in parameters or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
+            if several and not has_idx:
+                raise RuntimeError(
+                    f"{type(module).__name__}.{hook} must take a `dataloader_idx` argument: "
+                    f"{len(self.loaders)} {self.prefix} loaders are in use"
+                )
+            required = parameters.get("dataloader_idx")
+            if not several and required is not None and required.default is inspect.Parameter.empty:
+                raise RuntimeError(
+                    f"{type(module).__name__}.{hook} requires `dataloader_idx` but one {self.prefix} loader is in "
+                    "use; give it a default (dataloader_idx=0)"
+                )
 
     def _restore(self, modes: dict[torch.nn.Module, bool]) -> None:
         module = self.trainer.lightning_module

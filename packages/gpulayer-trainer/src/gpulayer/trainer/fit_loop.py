@@ -37,7 +37,7 @@ from gpulayer.trainer.data import (
 from gpulayer.trainer.evaluation_loop import validates_in_epoch
 from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import Hooks, is_overridden
-from gpulayer.trainer.module import Module
+from gpulayer.trainer.module import Module, warn_if_modules_in_eval_mode
 from gpulayer.trainer.optimizers import step_schedulers
 from gpulayer.trainer.progress import Progress
 from gpulayer.trainer.results import ResultCollection
@@ -229,6 +229,7 @@ class FitLoop:
         self._step_schedulers = any(config.interval == "step" for config in self.trainer.lr_scheduler_configs)
         if self.should_validate_this_epoch():
             self.val_loop.setup_data()
+        warn_if_modules_in_eval_mode(self.trainer.lightning_module, self.trainer.is_global_zero)
         self.hub.activate(self.results)
         self.cadence.reset()
         self.hooks.both("on_train_start")

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError
 
 
 class ModelHooks:
@@ -130,16 +131,16 @@ class DataHooks:
         pass
 
     def train_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
+        raise MisconfiguredNotImplementedError(f"{type(self).__qualname__}.train_dataloader is not implemented")
 
     def val_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
+        raise MisconfiguredNotImplementedError(f"{type(self).__qualname__}.val_dataloader is not implemented")
 
     def test_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
+        raise MisconfiguredNotImplementedError(f"{type(self).__qualname__}.test_dataloader is not implemented")
 
     def predict_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
+        raise MisconfiguredNotImplementedError(f"{type(self).__qualname__}.predict_dataloader is not implemented")
 
     # ---- batch transfer: a DataModule's override wins over the Module's ------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.export import ExportMixin
 from gpulayer.trainer.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.metric_logging import MetricLoggingMixin
@@ -367,3 +368,16 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         for parameter in self.parameters():
             parameter.requires_grad = True
         return self.train()
+
+
+def warn_if_modules_in_eval_mode(module: Module, is_global_zero: bool) -> None:
+    """Lightning's ``PossibleUserWarning`` (global rank 0) when training starts with submodules in eval mode: the
+    Trainer does not call ``train()`` for the user (``_FitLoop._warn_if_modules_in_eval_mode``)."""
+    in_eval = [name for name, submodule in module.named_modules() if not submodule.training]
+    if in_eval and is_global_zero:
+        warnings.warn(
+            f"Found {len(in_eval)} module(s) in eval mode at the start of training. This may lead to unexpected "
+            "behavior during training. If this is intentional, you can ignore this warning.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )

@@ -27,6 +27,7 @@ from gpulayer.trainer.data import shut_down_workers
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.exceptions import (
     MisconfiguredNotImplementedError,
+    MisconfiguredTypeError,
     MisconfiguredValueError,
     PossibleUserWarning,
 )
@@ -158,6 +159,13 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
     step = {"validate": "validation_step", "test": "test_step"}.get(stage)
     if step is not None and not is_overridden(step, module, Module):
         raise MisconfiguredNotImplementedError(f"{stage}: {name} does not define {step}()")
+    if stage == "predict":
+        if module.predict_step is None:
+            raise MisconfiguredTypeError(
+                f"predict: {name}.predict_step is None; define it or leave Module's, which calls forward()"
+            )
+        if not is_overridden("predict_step", module, Module) and not is_overridden("forward", module, Module):
+            raise MisconfiguredNotImplementedError(f"predict: {name} defines neither predict_step() nor forward()")
     if stage != "fit":
         loop = _evaluation_loop(trainer, stage)
         if not loop.source.is_defined():

@@ -1,9 +1,13 @@
-"""CSVLogger: the same calls as on Lightning's CSVLogger give the same version, log dir and files, byte for byte."""
+"""CSVLogger: the same calls as on Lightning's CSVLogger give the same version, log dir and files, byte for byte.
+
+Lightning writes ``hparams.yaml`` through OmegaConf where omegaconf is installed: the tests here run without it (both
+frameworks see it missing), and the ``with_omegaconf`` tests at the end with it."""
 
 import enum
 import math
 import os
 import random
+import sys
 import threading
 import warnings
 
@@ -14,6 +18,14 @@ from gpulayer.trainer.csv_logger import CSVLogger
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+
+
+@pytest.fixture(autouse=True)
+def without_omegaconf(request, monkeypatch):
+    """omegaconf as if it were not installed, for Lightning (its import-time flag) and for GPUlayer (the import)."""
+    if "with_omegaconf" not in request.node.name:
+        monkeypatch.setattr("lightning.pytorch.core.saving._OMEGACONF_AVAILABLE", False)
+        monkeypatch.setitem(sys.modules, "omegaconf", None)
 
 
 def _run(logger_class, save_dir, calls, prepare=None, **options):
@@ -329,3 +341,44 @@ def test_a_relative_save_dir_that_does_not_exist_yet_is_made_as_lightning_makes_
         results[name] = sorted(str(path.relative_to(tmp_path / name)) for path in (tmp_path / name).rglob("*"))
     assert results["gpulayer"] == results["lightning"]
     assert "runs/lightning_logs/version_0/metrics.csv" in results["gpulayer"]
+
+
+_OMEGACONF_CASES = {
+    "plain values": {"lr": 0.1, "name": "it's", "layers": [64, 32], "nested": {"b": 1, "a": None}, "on": True},
+    "a config with an interpolation": "config",
+    "a tuple (omegaconf refuses it: yaml.dump)": {"shape": (3, 4), "lr": 0.5},
+    "an enum": {"kind": enum.Enum("Kind", "SMALL LARGE").LARGE},
+}
+
+
+@pytest.mark.parametrize("case", _OMEGACONF_CASES)
+def test_hparams_yaml_with_omegaconf_is_lightnings(tmp_path, case):
+    omegaconf = pytest.importorskip("omegaconf")
+    hparams = _OMEGACONF_CASES[case]
+    if hparams == "config":
+        hparams = {"model": omegaconf.OmegaConf.create({"width": 8, "lr": "${optim.lr}", "optim": {"lr": 0.01}})}
+    written = _assert_same(tmp_path, [("log_hyperparams", hparams)])[2]["lightning_logs/version_0/hparams.yaml"]
+    if case == "plain values":  # OmegaConf's order and style, not yaml.dump's sorted keys
+        assert written.startswith(b"lr: 0.1\nname: it's\nlayers:\n- 64\n")
+
+
+@pytest.mark.parametrize(
+    ("hparams", "raised"),
+    [({None: 1, "lr": 0.1}, "KeyValidationError"), ({"lr": 0.1, "lock": threading.Lock()}, "TypeError")],
+    ids=["a None key", "a value deepcopy cannot copy"],
+)
+def test_hparams_lightning_fails_to_write_with_omegaconf_are_written_as_without_it(
+    tmp_path, monkeypatch, hparams, raised
+):
+    """Lightning 2.6 raises (``save_hparams_to_yaml`` falls back only on OmegaConf's value errors); its documented
+    intent, and what it writes without omegaconf, is the file with what YAML can hold, and GPUlayer writes that."""
+    pytest.importorskip("omegaconf")
+    calls = [("log_hyperparams", hparams)]
+    with pytest.raises(Exception) as lightning_error:
+        _lightning(tmp_path / "with", calls)
+    assert type(lightning_error.value).__name__ == raised
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = _ours(tmp_path / "with", calls)
+    monkeypatch.setattr("lightning.pytorch.core.saving._OMEGACONF_AVAILABLE", False)
+    assert ours[2] == _lightning(tmp_path / "without", calls)[2]

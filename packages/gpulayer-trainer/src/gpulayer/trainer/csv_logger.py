@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from gpulayer.trainer.private_files import make_folders, write_atomically
-from gpulayer.trainer.yaml_dump import yaml_document
+from gpulayer.trainer.yaml_dump import hparams_document
 
 # Lightning's log_metrics also saves by itself every 100 steps (its default ``flush_logs_every_n_steps``).
 _FLUSH_EVERY_N_STEPS = 100
@@ -53,7 +53,7 @@ class CSVLogger:
         """Adds ``params`` to the hparams logged so far and rewrites ``hparams.yaml`` with all of them."""
         self._start()
         self._hparams.update(params)
-        write_atomically(os.path.join(self.log_dir, "hparams.yaml"), yaml_document(self._hparams).encode())
+        write_atomically(os.path.join(self.log_dir, "hparams.yaml"), hparams_document(self._hparams).encode())
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self._start()

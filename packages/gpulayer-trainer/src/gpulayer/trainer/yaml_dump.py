@@ -1,8 +1,11 @@
 """``hparams.yaml`` as Lightning writes it: what ``yaml.dump`` (PyYAML 6, block style, sorted keys, ASCII)
-produces for plain values, without depending on PyYAML."""
+produces for plain values, without depending on PyYAML; or, where omegaconf is installed, what ``OmegaConf.save``
+writes (Lightning's ``save_hparams_to_yaml`` in ``lightning/pytorch/core/saving.py`` prefers it)."""
 
 from __future__ import annotations
 
+import copy
+import io
 import re
 import warnings
 from enum import Enum
@@ -26,6 +29,38 @@ _IMPLICIT = re.compile(
 _INDICATORS = re.compile(r"""^(?:---|\.\.\.)|^[#,\[\]{}&*!|>'"%@`]|^[?:-](?:\ |$)|.:(?:\ |$)|\ \#|^\ |\ $""", re.X)
 _ESCAPES = {"\0": "0", "\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r", "\x1b": "e"}
 _ESCAPES |= {'"': '"', "\\": "\\", "\x85": "N", "\xa0": "_", "\u2028": "L", "\u2029": "P"}
+
+
+def hparams_document(hparams: dict[str, Any]) -> str:
+    """Lightning's ``hparams.yaml``: ``OmegaConf.save`` of the hyperparameters (their configs resolved) where omegaconf
+    is installed and can hold them all, else ``yaml_document``. Where Lightning 2.6 raises instead of falling back (a
+    key OmegaConf refuses, such as None, or a value ``deepcopy`` cannot copy), GPUlayer falls back too."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+        from omegaconf.errors import KeyValidationError, UnsupportedValueType, ValidationError
+    except ImportError:
+        return yaml_document(hparams)
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, DictConfig):
+            return OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, dict):
+            return type(value)({key: resolved(item) for key, item in value.items()})
+        if isinstance(value, (list, tuple)):
+            items = [resolved(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return value
+
+    text = io.StringIO()
+    try:
+        plain = resolved(copy.deepcopy(hparams))
+    except TypeError:
+        return yaml_document(hparams)
+    try:
+        OmegaConf.save(plain, text)
+    except (UnsupportedValueType, ValidationError, KeyValidationError):
+        return yaml_document(plain)
+    return text.getvalue()
 
 
 def yaml_document(hparams: dict[str, Any]) -> str:

@@ -101,9 +101,10 @@ def test_a_none_training_batch_skips_the_step_and_runs_the_rules_as_in_lightning
 
 
 def _fit_shaped(framework, base, root, shape, datamodule_base=None, **options):
-    """Train on ``shape(loader)``; the batches the step saw, and the weights. With ``datamodule_base``, the loader
-    comes from a DataModule whose transfer hooks add to the batch and call ``super()``'s."""
-    seen = []
+    """Train on ``shape(loader)``; the batches the step saw, the weights, and what ``trainer.train_dataloader`` held
+    at the first step. With ``datamodule_base``, the loader comes from a DataModule whose transfer hooks add to the
+    batch and call ``super()``'s."""
+    seen, held = [], []
 
     class Shaped(base):
         def __init__(self):
@@ -112,6 +113,10 @@ def _fit_shaped(framework, base, root, shape, datamodule_base=None, **options):
 
         def training_step(self, batch, batch_idx):
             seen.append(type(batch).__name__)
+            if not held:
+                loaders = self.trainer.train_dataloader
+                inner = loaders["data"] if isinstance(loaders, dict) else loaders[0]
+                held.append((type(loaders).__name__, type(inner).__name__))
             x, y = batch[0] if isinstance(batch, (list, tuple)) else batch["data"]
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -145,7 +150,7 @@ def _fit_shaped(framework, base, root, shape, datamodule_base=None, **options):
 
         trainer.fit(model, datamodule=Data())
         assert Data.name is None
-    return seen, model.layer.weight.detach().clone()
+    return seen, model.layer.weight.detach().clone(), held
 
 
 @pytest.mark.parametrize(
@@ -160,6 +165,7 @@ def test_one_loader_in_a_container_gives_batches_in_it_as_in_lightning(tmp_path,
         theirs = _fit_shaped(pl, pl.LightningModule, tmp_path / "lightning", shape, enable_progress_bar=False)
     assert ours[0] == theirs[0] == [type(shape(None)).__name__] * 10
     torch.testing.assert_close(ours[1], theirs[1], rtol=0, atol=0)
+    assert ours[2] == theirs[2] == [(type(shape(None)).__name__, "DataLoader")]
 
 
 def test_several_training_loaders_are_refused_naming_the_argument(tmp_path):

@@ -91,8 +91,10 @@ class TrainerProperties:
     # ---- loaders ------------------------------------------------------------------------------------------------
     @property
     def train_dataloader(self) -> Any:
-        """The training loader of the running ``fit``, or None."""
-        return self.fit_loop.loader
+        """The training loader of the running ``fit``, or None; in its list, tuple or dict when it came in one
+        (Lightning's ``CombinedLoader.iterables``)."""
+        loop = self.fit_loop
+        return loop.shape(loop.loader) if loop.shape is not None and loop.loader is not None else loop.loader
 
     @property
     def val_dataloaders(self) -> Any:

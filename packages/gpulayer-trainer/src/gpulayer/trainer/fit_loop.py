@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpulayer.trainer.cadence import Cadence
+from gpulayer.trainer.checkpoint import rng_states
 from gpulayer.trainer.data import (
     DataSource,
     agreed_batches,
@@ -255,7 +256,8 @@ class FitLoop:
             progress.batch_idx = resume["batch_idx"]
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
             self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
-            self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
+            if resume["phase"] != "stopped":  # a run max_steps stopped had finished the batch
+                self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1)
         if self.shape is not None:
             iterator = map(self.shape, iterator)
@@ -275,6 +277,8 @@ class FitLoop:
             if moves:
                 batch = transfer(batch, 0)
             ended = self.run_batch(batch, batch_idx)
+        if progress.global_step >= self.step_limit and not progress.is_last_batch:
+            progress.stop(rng_states())
         self.end_epoch()
 
     def _epoch_should_end(self) -> bool:
@@ -414,9 +418,8 @@ class FitLoop:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` was saved: mid-epoch from the next batch, else with the next epoch."""
-        self.progress.load_state_dict(state)
         self.iterator = None
-        self.resume = state if state["phase"] in ("batch", "validation") else None
+        self.resume = self.progress.load_state_dict(state, self.step_limit)
 
     # ---- decisions ---------------------------------------------------------------------------------------------
     def should_validate_this_epoch(self) -> bool:

@@ -92,7 +92,7 @@ class FitLoop:
         self.val_enabled = False
         self.distributed = trainer.world_size > 1
         self.cadence = Cadence(self)
-        self.decisions = SyncDecisions(trainer, self._position)
+        self.decisions = SyncDecisions(trainer, self.progress.position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
         self._step_schedulers = False  # a scheduler with interval="step": the batch rules step it
@@ -137,10 +137,6 @@ class FitLoop:
             progress.epochs_completed = progress.epochs_processed
             return True
         return self.decided.should_stop and self.can_stop_early()
-
-    def _position(self) -> str:
-        progress = self.progress
-        return f"step {progress.global_step} (epoch {progress.epochs_completed}, batch_idx {progress.batch_idx})"
 
     # ---- data --------------------------------------------------------------------------------------------------
     def setup_data(self, reload: bool = False) -> None:

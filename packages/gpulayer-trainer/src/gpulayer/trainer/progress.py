@@ -26,6 +26,10 @@ class Progress:
     # Set when max_steps ends an epoch before its last batch: the state to go on from in that epoch (see ``stop``).
     stopped: dict[str, Any] | None = None
 
+    def position(self) -> str:
+        """Where the run is, for messages."""
+        return f"step {self.global_step} (epoch {self.epochs_completed}, batch_idx {self.batch_idx})"
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "epochs_processed": self.epochs_processed,

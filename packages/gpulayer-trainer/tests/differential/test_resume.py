@@ -407,3 +407,15 @@ def test_a_run_max_steps_stopped_mid_epoch_resumes_to_the_unbroken_weights(
     assert train_calls(theirs)[0] == (lightning_epochs_more, 6, 6)
     distance = max((theirs.weights[k] - w).abs().max().item() for k, w in unbroken["lightning"].weights.items())
     assert distance > 0.05, distance
+
+
+def test_a_run_max_steps_stopped_mid_epoch_resumed_under_max_epochs_finishes_the_epoch(resume, run):
+    """The file saved after ``fit(max_steps=6)``, resumed with ``max_epochs=1`` and no ``max_steps``: GPUlayer
+    finishes the stopped epoch and ends as an unbroken ``max_epochs=1`` run, (12, 1) with its weights. Lightning
+    2.6 counts the stopped epoch as done and trains nothing (pinned)."""
+    runs = resume(dict(STOPPED, trainer=dict(max_steps=6)), dict(STOPPED, trainer=dict(max_epochs=1)), saves_after_fit)
+    unbroken = run("gpulayer", **STOPPED, trainer=dict(max_epochs=1))
+    ours = runs["gpulayer"].resumed
+    torch.testing.assert_close(ours.weights, unbroken.weights, rtol=0, atol=0)
+    assert ours.counters["fit"] == unbroken.counters["fit"] == (12, 1)
+    assert runs["lightning"].resumed.counters["fit"] == (6, 1) and train_calls(runs["lightning"].resumed) == []

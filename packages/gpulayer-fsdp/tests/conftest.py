@@ -7,6 +7,7 @@ sees what a step of one process with batch 2b sees, and every placement trains t
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import torch
@@ -139,8 +140,11 @@ def dataset(kind: str) -> TensorDataset:
     return TensorDataset(inputs, torch.sin(inputs[:, :2]) + inputs[:, 2:4] ** 2)
 
 
-def loader(kind: str, rank: int, world_size: int) -> DataLoader:
-    """Rank r's interleaved shard, batch 4 per rank (8 in one process)."""
+def loader(kind: str, rank: int, world_size: int, shuffled: bool = False) -> DataLoader:
+    """Rank r's interleaved shard, batch 4 per rank (8 in one process); ``shuffled``: the whole dataset, shuffled,
+    for the Trainer's distributed sampler to shard."""
+    if shuffled:
+        return DataLoader(dataset(kind), batch_size=8 // world_size, shuffle=True)
     shard = Subset(dataset(kind), list(range(rank, SAMPLES, world_size)))
     return DataLoader(shard, batch_size=8 // world_size, shuffle=False)
 
@@ -155,10 +159,12 @@ def fit(
     max_epochs: int = 2,
     ckpt_path: str | None = None,
     save: str | None = None,
+    shuffled: bool = False,
     **trainer_options: object,
 ) -> dict:
     """Train ``kind`` and return what the tests compare: losses per step and the full weights (from a checkpoint
-    written at the end, so the FSDP runs are read through their full-state saving)."""
+    written at the end, so the FSDP runs are read through their full-state saving). ``shuffled``: the train data
+    through the Trainer's shuffling distributed sampler."""
     model, losses = make_model(kind), StepLosses()
     options = {"accumulate_grad_batches": 2, "gradient_clip_val": 0.5, **trainer_options}
     callbacks = [losses, *options.pop("callbacks", [])]
@@ -169,12 +175,13 @@ def fit(
         default_root_dir=str(folder),
         logger=False,
         enable_checkpointing=False,
-        use_distributed_sampler=False,
+        use_distributed_sampler=shuffled,
         num_sanity_val_steps=0,
         callbacks=callbacks,
         **options,
     )
-    trainer.fit(model, loader(kind, rank, world_size), loader(kind, rank, world_size), ckpt_path=ckpt_path)
+    train = loader(kind, rank, world_size, shuffled)
+    trainer.fit(model, train, loader(kind, rank, world_size), ckpt_path=ckpt_path)
     final = str(folder / "final.ckpt")
     trainer.save_checkpoint(final)  # every rank calls it: under FSDP it gathers the shards
     if save is not None:
@@ -186,7 +193,7 @@ def fit(
         "global_step": trainer.global_step,
         "weights": checkpoint["state_dict"],
         "optimizer": checkpoint["optimizer_states"][0],
-        "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "val_loss": float(trainer.callback_metrics.get("val_loss", math.nan)),  # none: a run stopped mid-epoch
     }
 
 

@@ -87,6 +87,65 @@ def test_a_resumed_run_ends_with_the_weights_of_an_unbroken_run(tmp_path, shuffl
     assert (again.global_step, again.current_epoch) == (trainer.global_step, trainer.current_epoch) == (30, 3)
 
 
+class DrawsAtTheEnd(Callback):
+    """Draws from torch's RNG once training has ended, as a callback that samples a generation would: an
+    unbroken run draws it later, so a run resumed after a stop must go on from the RNG states at the stop."""
+
+    def on_train_end(self, trainer, pl_module):
+        torch.rand(3)
+
+
+def _fit_steps(folder, steps, seed, ckpt_path=None, **options):
+    """``Regressor`` trained to ``max_steps=steps`` with shuffled 10-batch epochs; returns the Trainer and module."""
+    seed_everything(seed)
+    model = Regressor()
+    trainer = _trainer(folder, max_epochs=None, max_steps=steps, callbacks=[DrawsAtTheEnd()], **options)
+    trainer.fit(model, _loader(), _loader(False), ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def _assert_same_end(trainer, model, unbroken_trainer, unbroken):
+    """The weights, bit for bit, and the counters (``batches_that_stepped`` is the logger's step)."""
+    torch.testing.assert_close(_weights(model), _weights(unbroken), rtol=0, atol=0)
+    counters = ("global_step", "epochs_completed", "batches_that_stepped", "total_batches")
+    ends = [{name: t.fit_loop.state_dict()[name] for name in counters} for t in (trainer, unbroken_trainer)]
+    assert ends[0] == ends[1]
+
+
+@pytest.mark.parametrize("then_steps", [8, 14], ids=lambda steps: f"6->{steps}")
+@pytest.mark.parametrize("saved_by", ["save_checkpoint after fit", "the default checkpoint at the stop"])
+def test_a_run_max_steps_stopped_mid_epoch_resumes_to_the_weights_of_an_unbroken_run(tmp_path, saved_by, then_steps):
+    """``max_steps=6`` stops the 10-batch epoch at batch 5, and that ends the epoch (Lightning's counters:
+    ``current_epoch`` 1). A new Trainer with ``max_steps=then_steps`` goes on in the stopped epoch, as an unbroken
+    run would (14 crosses into the next one), and ends with its weights and counters."""
+    unbroken = _fit_steps(tmp_path / "unbroken", then_steps, seed=1)
+    stopped, _ = _fit_steps(
+        tmp_path / "stopped", 6, seed=1, enable_checkpointing=saved_by != "save_checkpoint after fit"
+    )
+    assert (stopped.global_step, stopped.current_epoch) == (6, 1)
+    if stopped.checkpoint_callback is None:
+        path = tmp_path / "after-fit.ckpt"
+        stopped.save_checkpoint(path)
+    else:
+        path = stopped.checkpoint_callback.best_model_path
+        assert path.endswith("epoch=0-step=6.ckpt")
+    # seed 99: a different process state, so everything that matters must come from the checkpoint
+    _assert_same_end(*_fit_steps(tmp_path / "resumed", then_steps, seed=99, ckpt_path=path), *unbroken)
+
+
+def test_a_resume_that_trains_nothing_keeps_the_stop_to_go_on_from(tmp_path):
+    """Resumed with the same ``max_steps=6``, the run ends at once with the stopped run's weights and counters
+    (``current_epoch`` 1, as Lightning); the file it saves still goes on to the unbroken run's end."""
+    stopped, stopped_model = _fit_steps(tmp_path / "stopped", 6, seed=1)
+    stopped.save_checkpoint(tmp_path / "stopped.ckpt")
+    again, model = _fit_steps(tmp_path / "again", 6, seed=99, ckpt_path=tmp_path / "stopped.ckpt")
+    _assert_same_end(again, model, stopped, stopped_model)
+    assert (again.global_step, again.current_epoch) == (6, 1)
+    again.save_checkpoint(tmp_path / "again.ckpt")
+    resumed = _fit_steps(tmp_path / "resumed", 14, seed=99, ckpt_path=tmp_path / "again.ckpt")
+    _assert_same_end(*resumed, *_fit_steps(tmp_path / "unbroken", 14, seed=1))
+
+
 def test_the_file_has_lightnings_top_level_layout(tmp_path):
     path = tmp_path / "end.ckpt"
     trainer = _trainer(tmp_path, max_epochs=2)

@@ -7,6 +7,7 @@ the end of an epoch must end where an unbroken one does, hooks and weights alike
 its own file: resuming across the two trainers is not a goal (ADR 0008).
 """
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -351,3 +352,70 @@ def test_resume_from_the_middle_of_an_epoch(resume, epoch, batch_idx, then, coun
     epoch_inputs = runs["gpulayer"].saved.extra["first input"][epoch * BATCHES : (epoch + 1) * BATCHES]
     assert gpulayer.extra["first input"][:rest] == epoch_inputs[batch_idx + 1 :][:rest]  # exact: the batches not read
     assert lightning.extra["first input"][:rest] == epoch_inputs[:rest]  # replayed: the epoch's first batches
+
+
+# ---- after max_steps stopped an epoch: exact here, not in Lightning -----------------------------------------------
+
+
+def _adamw(module):
+    return torch.optim.AdamW(module.parameters(), lr=0.05)
+
+
+STOPPED = dict(train_size=48, shuffle=True, dropout=0.2, configure_optimizers=_adamw)  # 12 batches an epoch
+
+
+@pytest.mark.parametrize("then_steps", [12, 18], ids=lambda steps: f"6->{steps}")
+@pytest.mark.parametrize(
+    ("save", "lightning_epochs_more"),
+    [(saves_after_fit, 1), pytest.param(lambda path: saves_at(path, epoch=0), 0, id="saves_at-on_train_epoch_end")],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_a_run_max_steps_stopped_mid_epoch_resumes_to_the_unbroken_weights(
+    resume, run, save, lightning_epochs_more, then_steps
+):
+    """``fit(max_steps=6)`` stops in the middle of a 12-batch shuffled epoch (dropout, AdamW); the checkpoint is
+    saved after ``fit`` returned or in the stop's ``on_train_epoch_end`` (where ``ModelCheckpoint`` saves), and a
+    new Trainer goes on to ``max_steps=then_steps`` (18 crosses into the next epoch).
+
+    The stop ends the epoch in both trainers (``current_epoch`` is 1 after it). GPUlayer's checkpoint also keeps
+    the state at the stop, so its resumed run finishes the interrupted epoch with the rest of that epoch's
+    shuffled batches and the RNG states an unbroken run had: it ends with the unbroken run's weights, bit for
+    bit, and its counters. Lightning 2.6 reshuffles and reads the epoch's loader from its start while
+    ``batch_idx`` goes on at 6 (``_TrainingEpochLoop.reset`` warns that the loader is not resumable), and restores
+    no RNG state: it takes the same steps but ends 0.09 (6->12) and 0.21 (6->18) from its unbroken run (max
+    |Δw|). From the file saved after ``fit`` it also counts the stopped epoch as done and trains a new one, so it
+    ends one epoch further than an unbroken run; from the one saved in ``on_train_epoch_end`` its counters are
+    right.
+    """
+    runs = resume(dict(STOPPED, trainer=dict(max_steps=6)), dict(STOPPED, trainer=dict(max_steps=then_steps)), save)
+    unbroken = {framework: run(framework, **STOPPED, trainer=dict(max_steps=then_steps)) for framework in FRAMEWORKS}
+    for part in ("saved", "unbroken"):  # up to the stop, and unbroken, GPUlayer is Lightning
+        lightning, ours = (getattr(runs[f], part, None) or unbroken[f] for f in FRAMEWORKS)
+        torch.testing.assert_close(ours.weights, lightning.weights, msg=part)
+        assert ours.counters["fit"] == lightning.counters["fit"], part
+    assert runs["gpulayer"].saved.counters["fit"] == (6, 1)
+
+    ours, theirs = runs["gpulayer"].resumed, runs["lightning"].resumed
+    epochs = math.ceil(then_steps / 12)  # the stopped epoch counts as done, in both trainers
+    torch.testing.assert_close(ours.weights, unbroken["gpulayer"].weights, rtol=0, atol=0)
+    assert ours.counters["fit"] == unbroken["gpulayer"].counters["fit"] == (then_steps, epochs)
+    assert train_calls(ours) == train_calls(unbroken["gpulayer"])[6:]
+    assert sanity_steps(ours) == sanity_steps(theirs) == []
+
+    # Lightning: the same steps; its epochs and weights are pinned, so that a change on its side is noticed.
+    assert theirs.counters["fit"] == (then_steps, epochs + lightning_epochs_more)
+    assert train_calls(theirs)[0] == (lightning_epochs_more, 6, 6)
+    distance = max((theirs.weights[k] - w).abs().max().item() for k, w in unbroken["lightning"].weights.items())
+    assert distance > 0.05, distance
+
+
+def test_a_run_max_steps_stopped_mid_epoch_resumed_under_max_epochs_finishes_the_epoch(resume, run):
+    """The file saved after ``fit(max_steps=6)``, resumed with ``max_epochs=1`` and no ``max_steps``: GPUlayer
+    finishes the stopped epoch and ends as an unbroken ``max_epochs=1`` run, (12, 1) with its weights. Lightning
+    2.6 counts the stopped epoch as done and trains nothing (pinned)."""
+    runs = resume(dict(STOPPED, trainer=dict(max_steps=6)), dict(STOPPED, trainer=dict(max_epochs=1)), saves_after_fit)
+    unbroken = run("gpulayer", **STOPPED, trainer=dict(max_epochs=1))
+    ours = runs["gpulayer"].resumed
+    torch.testing.assert_close(ours.weights, unbroken.weights, rtol=0, atol=0)
+    assert ours.counters["fit"] == unbroken.counters["fit"] == (12, 1)
+    assert runs["lightning"].resumed.counters["fit"] == (6, 1) and train_calls(runs["lightning"].resumed) == []

@@ -137,8 +137,10 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
         strategy.load_optimizer_state_dict(optimizer, state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         config.scheduler.load_state_dict(state)
-    if "rng_states" in checkpoint:
-        set_rng_states(checkpoint["rng_states"])
+    # A run max_steps stopped mid-epoch goes on with the RNG states at the stop, not those at the save.
+    states = (loop.resume or {}).get("rng_states", checkpoint.get("rng_states"))
+    if states is not None:
+        set_rng_states(states)
 
 
 def rng_states() -> dict[str, Any]:

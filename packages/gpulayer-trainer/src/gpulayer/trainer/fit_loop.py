@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpulayer.trainer.cadence import Cadence
+from gpulayer.trainer.checkpoint import rng_states
 from gpulayer.trainer.data import (
     DataSource,
     agreed_batches,
@@ -91,7 +92,7 @@ class FitLoop:
         self.val_enabled = False
         self.distributed = trainer.world_size > 1
         self.cadence = Cadence(self)
-        self.decisions = SyncDecisions(trainer, self._position)
+        self.decisions = SyncDecisions(trainer, self.progress.position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
         self._step_schedulers = False  # a scheduler with interval="step": the batch rules step it
@@ -136,10 +137,6 @@ class FitLoop:
             progress.epochs_completed = progress.epochs_processed
             return True
         return self.decided.should_stop and self.can_stop_early()
-
-    def _position(self) -> str:
-        progress = self.progress
-        return f"step {progress.global_step} (epoch {progress.epochs_completed}, batch_idx {progress.batch_idx})"
 
     # ---- data --------------------------------------------------------------------------------------------------
     def setup_data(self, reload: bool = False) -> None:
@@ -256,7 +253,8 @@ class FitLoop:
             progress.batch_idx = resume["batch_idx"]
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
             self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
-            self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
+            if resume["phase"] != "stopped":  # a run max_steps stopped had finished the batch
+                self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1)
         if self.shape is not None:
             iterator = map(self.shape, iterator)
@@ -276,6 +274,8 @@ class FitLoop:
             if moves:
                 batch = transfer(batch, 0)
             ended = self.run_batch(batch, batch_idx)
+        if progress.global_step >= self.step_limit and not progress.is_last_batch:
+            progress.stop(rng_states())
         self.end_epoch()
 
     def _epoch_should_end(self) -> bool:
@@ -415,9 +415,8 @@ class FitLoop:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` was saved: mid-epoch from the next batch, else with the next epoch."""
-        self.progress.load_state_dict(state)
         self.iterator = None
-        self.resume = state if state["phase"] in ("batch", "validation") else None
+        self.resume = self.progress.load_state_dict(state, self.step_limit)
 
     # ---- decisions ---------------------------------------------------------------------------------------------
     def should_validate_this_epoch(self) -> bool:

@@ -19,9 +19,16 @@ class Progress:
     batch_idx: int = -1
     is_last_batch: bool = False
     # Where the run is, for checkpoints: "idle", "batch" (up to on_train_batch_end), "validation" (after a batch),
-    # "epoch_end"; and the RNG states at which this epoch's iterator was made and first read.
+    # "epoch_end" ("stopped" in ``stopped``); and the RNG states at which this epoch's iterator was made and first
+    # read.
     phase: str = "idle"
     data_snapshots: dict[str, Any] = field(default_factory=dict)
+    # Set when max_steps ends an epoch before its last batch: the state to go on from in that epoch (see ``stop``).
+    stopped: dict[str, Any] | None = None
+
+    def position(self) -> str:
+        """Where the run is, for messages."""
+        return f"step {self.global_step} (epoch {self.epochs_completed}, batch_idx {self.batch_idx})"
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -33,10 +40,23 @@ class Progress:
             "batch_idx": self.batch_idx,
             "phase": self.phase,
             "data_snapshots": dict(self.data_snapshots),
+            "stopped": self.stopped,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The counters as saved; ``batch_idx`` and ``phase`` are the fit loop's to resume from."""
+    def stop(self, rng_states: dict[str, Any]) -> None:
+        """``max_steps`` ends the epoch before its last batch. The epoch's end then counts it as done (Lightning's
+        ``current_epoch``), so the state an unbroken run would go on from is kept here: the counters before that
+        end, with the epoch's data snapshots, and the RNG states at the stop."""
+        self.stopped = {**self.state_dict(), "phase": "stopped", "rng_states": rng_states}
+
+    def load_state_dict(self, state: dict[str, Any], step_limit: int | float) -> dict[str, Any] | None:
+        """The counters as saved; returns the saved position to go on from inside its epoch (with ``batch_idx`` and
+        ``phase``), or None to start the next epoch. A run that ``max_steps`` stopped mid-epoch goes on from the
+        stop when ``step_limit`` lets it train on, as an unbroken run would; otherwise it stays where it ended."""
+        stopped = state.get("stopped")  # absent before 2026-12-05
+        if stopped is not None and stopped["global_step"] < step_limit:
+            state = stopped
+        self.stopped = state.get("stopped")  # kept while the run has not gone on from it
         self.epochs_processed = state["epochs_processed"]
         self.global_step = state["global_step"]
         # Saved in on_train_epoch_end, an epoch is processed but not yet completed: current_epoch catches up when
@@ -45,3 +65,4 @@ class Progress:
         self.batches_that_stepped = state["batches_that_stepped"]
         self.total_batches = state["total_batches"]
         self.data_snapshots = dict(state["data_snapshots"])
+        return state if state["phase"] in ("batch", "validation", "stopped") else None

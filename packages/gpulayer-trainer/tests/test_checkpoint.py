@@ -112,6 +112,8 @@ def _assert_same_end(trainer, model, unbroken_trainer, unbroken):
     assert ends[0] == ends[1]
 
 
+# The resumed run has no checkpoint callback to take the saved one's state: Lightning's warning says so.
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`:UserWarning")
 @pytest.mark.parametrize("then_steps", [8, 14], ids=lambda steps: f"6->{steps}")
 @pytest.mark.parametrize("saved_by", ["save_checkpoint after fit", "the default checkpoint at the stop"])
 def test_a_run_max_steps_stopped_mid_epoch_resumes_to_the_weights_of_an_unbroken_run(tmp_path, saved_by, then_steps):

@@ -338,3 +338,21 @@ def test_a_loader_subclass_given_to_fit_under_ddp_is_refused_as_in_lightning(tmp
         os.environ.update(environment)
     assert isinstance(ours, MisconfigurationException) and str(ours) == str(theirs)
     assert re.search(r"missing attributes are \['tag'\]", str(ours))
+
+
+def _predict_on_one_process(framework, root):
+    model = _module_class(gl.Module if framework is gl else framework.LightningModule, "subclass")()
+    extra = {} if framework is gl else {"enable_progress_bar": False, "enable_model_summary": False}
+    trainer = framework.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=root, **extra)
+    from_hook = trainer.predict(model)
+    given = trainer.predict(model, DataLoader(Sequences(7), batch_size=3, drop_last=True, collate_fn=pad))
+    return [[batch.tolist() for batch in run] for run in (from_hook, given)], trainer.predict_dataloaders.drop_last
+
+
+def test_a_predict_loader_is_remade_to_keep_its_last_batch_on_one_process_too_as_in_lightning(tmp_path):
+    ours = _predict_on_one_process(gl, tmp_path / "gl")
+    with warnings.catch_warnings():
+        theirs = _predict_on_one_process(quiet_lightning(), tmp_path / "pl")
+    assert ours == theirs
+    (from_hook, given), drop_last = ours
+    assert ([len(batch) for batch in from_hook], given[-1], drop_last) == ([4, 4, 2], [6], False)

@@ -46,13 +46,18 @@ def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int
 
 def sampled(loader: Any, stage: str, trainer: Trainer, fitting: bool) -> Any:
     """The loader a stage reads: in order under ``overfit_batches`` while fitting, and this rank's share under a
-    distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``)."""
+    distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``). Every
+    predict DataLoader is remade, with its own sampler if it needs no other, so that it keeps its last batch
+    (Lightning's ``_prepare_dataloader``)."""
     args = trainer.args
     overfitting = args.overfit_batches > 0
     if overfitting and fitting:
         loader = without_shuffling(loader, stage)
+    given = loader
     if args.use_distributed_sampler and trainer.strategy.is_distributed:
         loader = with_distributed_sampler(loader, stage, trainer.world_size, trainer.global_rank, overfitting)
+    if stage == "predict" and loader is given and isinstance(loader, DataLoader):
+        loader = rebuilt(loader, loader.sampler, stage, trainer.is_global_zero)
     seed_workers_of(loader, trainer.global_rank)  # a remade loader has the worker_init_fn it was made with
     return loader
 

@@ -2,6 +2,7 @@
 distributed sampler under DDP from their own init arguments, as Lightning 2.6 remakes them; and Lightning's
 refusals (types and messages) for the loaders that cannot be remade."""
 
+import contextlib
 import os
 import re
 import warnings
@@ -166,7 +167,7 @@ def test_a_loader_subclass_and_a_bucketing_batch_sampler_are_remade_for_ddp_as_i
             assert actual["weights"] == expected["weights"], f"rank {rank}, {scenario}"
         assert ours["subclass"]["predicted"] == theirs["subclass"]["predicted"], f"rank {rank}"
         assert ours["subclass"]["predict_tag"] == "predict"
-    (first, _), (second, _) = by_rank
+    (_, first), (_, second) = by_rank
     for scenario in ("subclass", "bucketing"):  # in an epoch, the ranks read the two halves of the data
         first_epoch = [
             i for record in (first, second) for batch in record[scenario]["seen"]["train"][:5] for i in batch
@@ -180,28 +181,12 @@ def test_a_loader_subclass_and_a_bucketing_batch_sampler_are_remade_for_ddp_as_i
 # One process: the capture, and Lightning's refusals, against Lightning's own functions.
 
 
-def _made(make, capture):
-    """``make()``, inside ``capture`` (a hook) or not (None)."""
-    if capture is None:
-        return make()
-    with capture():
-        return make()
-
-
+@contextlib.contextmanager
 def _lightning_capture():
     from lightning.fabric.utilities.data import _replace_dunder_methods
 
-    class Both:
-        def __enter__(self):
-            self.contexts = [_replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler)]
-            for context in self.contexts:
-                context.__enter__()
-
-        def __exit__(self, *exc):
-            for context in reversed(self.contexts):
-                context.__exit__(*exc)
-
-    return Both()
+    with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
+        yield
 
 
 def _both_rebuilt(make, stage="train", in_hook=True):
@@ -216,7 +201,8 @@ def _both_rebuilt(make, stage="train", in_hook=True):
         (_lightning_capture, lambda loader, sampler: _update_dataloader(loader, sampler, mode=mode)),
         (capturing_init_arguments, lambda loader, sampler: rebuilt(loader, sampler, stage)),
     ):
-        loader = _made(make, capture if in_hook else None)
+        with capture() if in_hook else contextlib.nullcontext():  # in a hook, or not
+            loader = make()
         sampler = list(reversed(range(len(loader.dataset))))
         try:
             made = remake(loader, sampler)

@@ -55,9 +55,11 @@ def capturing_init_arguments() -> Iterator[None]:
         if _capturing:
             yield
             return
-        patched = _patch(DataLoader, "dataset") + _patch(BatchSampler, None)
+        patched: list[tuple[type, str, Any]] = []
         _capturing = True
         try:
+            _patch(DataLoader, "dataset", patched)
+            _patch(BatchSampler, None, patched)
             yield
         finally:
             _capturing = False
@@ -248,10 +250,9 @@ def _instantiated(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return made
 
 
-def _patch(base: type, explicit: str | None) -> list[tuple[type, str, Any]]:
+def _patch(base: type, explicit: str | None, patched: list[tuple[type, str, Any]]) -> None:
     """Wrap ``__init__`` of ``base`` and its subclasses, and their ``__setattr__``/``__delattr__`` (``base``'s always,
-    so that one in every chain records); returns (class, name, what its ``__dict__`` held or None) to restore."""
-    patched: list[tuple[type, str, Any]] = []
+    so that one in every chain records); adds (class, name, what its ``__dict__`` held or None) to ``patched``."""
     for cls in _with_subclasses(base):
         if "__init__" in cls.__dict__:
             patched.append((cls, "__init__", cls.__dict__["__init__"]))
@@ -260,7 +261,6 @@ def _patch(base: type, explicit: str | None) -> list[tuple[type, str, Any]]:
             if name in cls.__dict__ or cls is base:
                 patched.append((cls, name, cls.__dict__.get(name)))
                 setattr(cls, name, _recording_attribute_call(getattr(cls, name), method))
-    return patched
 
 
 def _with_subclasses(base: type) -> set[type]:

@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.loader_rebuild import capturing_init_arguments, is_shuffled
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.samplers import set_sampler_epoch
 from gpulayer.trainer.seed import seed_workers_of
@@ -53,10 +54,11 @@ class DataSource:
             raise MisconfiguredValueError(
                 f"no {self.hook.removesuffix('_dataloader')} data: pass loaders or define {self.hook}()"
             )
-        elif isinstance(self.owner, Module):
-            loaders = hooks.module(self.hook)
         else:
-            loaders = getattr(self.owner, self.hook)()
+            with capturing_init_arguments():  # so that a loader the hook makes can be remade by its own class
+                loaders = (
+                    hooks.module(self.hook) if isinstance(self.owner, Module) else getattr(self.owner, self.hook)()
+                )
         inner = list(loaders.values()) if isinstance(loaders, dict) else loaders
         for loader in inner if isinstance(inner, (list, tuple)) else [loaders]:
             self._check_iterable(loader)
@@ -301,13 +303,7 @@ def warn_too_few_batches_to_log(batches: int | float, log_every_n_steps: int, is
 
 def warn_if_shuffled(loader: Any, prefix: str, is_global_zero: bool) -> None:
     """Lightning's ``PossibleUserWarning`` (on global rank 0) for a val/test/predict loader whose sampler shuffles."""
-    if not is_global_zero or isinstance(getattr(loader, "dataset", None), IterableDataset):
-        return
-    if not hasattr(loader, "sampler"):
-        return
-    batch_sampler = loader.batch_sampler
-    sampler = getattr(batch_sampler, "sampler", batch_sampler) if batch_sampler is not None else loader.sampler
-    if isinstance(sampler, RandomSampler):
+    if is_global_zero and is_shuffled(loader):
         warnings.warn(
             f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn "
             "shuffling off for val/test dataloaders.",

@@ -16,15 +16,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+from gpulayer.trainer.loader_rebuild import is_shuffled, rebuilt
+from gpulayer.trainer.seed import seed_workers_of
 
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
@@ -39,25 +34,31 @@ def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int
     if isinstance(loader.sampler, DistributedSampler):
         return loader
     seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-    shuffle = (stage == "train" or isinstance(loader.sampler, RandomSampler)) and not overfitting
+    shuffle = (stage == "train" or is_shuffled(loader)) and not overfitting
     if stage == "predict":
         sampler: Sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=False, seed=seed, pad=False)
     elif isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     else:
         sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=shuffle, seed=seed, pad=True)
-    return _rebuilt(loader, sampler, stage)
+    return rebuilt(loader, sampler, stage, is_global_zero=rank == 0)
 
 
 def sampled(loader: Any, stage: str, trainer: Trainer, fitting: bool) -> Any:
     """The loader a stage reads: in order under ``overfit_batches`` while fitting, and this rank's share under a
-    distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``)."""
+    distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``). Every
+    predict DataLoader is remade, with its own sampler if it needs no other, so that it keeps its last batch
+    (Lightning's ``_prepare_dataloader``)."""
     args = trainer.args
     overfitting = args.overfit_batches > 0
     if overfitting and fitting:
         loader = without_shuffling(loader, stage)
+    given = loader
     if args.use_distributed_sampler and trainer.strategy.is_distributed:
         loader = with_distributed_sampler(loader, stage, trainer.world_size, trainer.global_rank, overfitting)
+    if stage == "predict" and loader is given and isinstance(loader, DataLoader):
+        loader = rebuilt(loader, loader.sampler, stage, trainer.is_global_zero)
+    seed_workers_of(loader, trainer.global_rank)  # a remade loader has the worker_init_fn it was made with
     return loader
 
 
@@ -74,8 +75,7 @@ def without_shuffling(loader: Any, stage: str) -> Any:
         UserWarning,
         stacklevel=5,
     )
-    advice = "give overfit_batches a loader that reads its dataset in order"
-    return _rebuilt(loader, SequentialSampler(loader.dataset), stage, "a SequentialSampler", advice)
+    return rebuilt(loader, SequentialSampler(loader.dataset), stage)
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
@@ -125,43 +125,3 @@ class ShardedSampler(Sampler[int]):
         if self.pad:
             return math.ceil(length / self.world_size)
         return len(range(self.rank, length, self.world_size))
-
-
-_DISTRIBUTED_ADVICE = (
-    "pass use_distributed_sampler=False to the Trainer and give each rank its own shard (for example "
-    "sampler=DistributedSampler(dataset))"
-)
-
-
-def _rebuilt(
-    loader: DataLoader,
-    sampler: Sampler,
-    stage: str,
-    what_sampler: str = "a distributed sampler",
-    advice: str = _DISTRIBUTED_ADVICE,
-) -> DataLoader:
-    """A plain DataLoader with ``loader``'s settings and ``sampler``; subclasses and custom batch samplers cannot be
-    remade faithfully, so they get a clear error instead."""
-    custom_batches = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
-    if type(loader) is not DataLoader or custom_batches:
-        what = (
-            f"{type(loader).__name__}" if type(loader) is not DataLoader else "a DataLoader with a custom batch_sampler"
-        )
-        raise ValueError(f"the {stage} loader ({what}) cannot be remade with {what_sampler}; {advice}")
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device,
-        in_order=getattr(loader, "in_order", True),
-    )

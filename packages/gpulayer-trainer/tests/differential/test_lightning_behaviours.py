@@ -339,3 +339,41 @@ def test_persistent_workers_stop_when_the_stage_ends_as_in_lightning(tmp_path):
         ("validation end", "none", "alive"),
         ("after validate", "none", "none"),
     ]
+
+
+def _dropout_fit(framework, module_base, root, seed):
+    """``seed_everything``, a model built (drawing from the RNG), then a DDP fit on one process whose steps draw
+    dropout masks: Lightning's DDP seeds again as it sets up, so the masks follow the seed, not the model's build."""
+    base = _regressor(module_base)
+
+    class Dropping(base):
+        def training_step(self, batch, batch_idx):
+            x = torch.nn.functional.dropout(batch[0], p=0.5, training=True)
+            return torch.nn.functional.mse_loss(self.layer(x), batch[1])
+
+    framework.seed_everything(seed)
+    model = Dropping()
+    torch.rand(7)  # the script draws more before fit
+    extra = {"enable_progress_bar": False} if framework is not gl else {}
+    trainer = framework.Trainer(
+        accelerator="cpu", strategy="ddp", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        default_root_dir=root, **extra,
+    )  # fmt: skip
+    trainer.fit(model, DataLoader(_data(), batch_size=4))
+    return model
+
+
+def test_ddp_seeds_again_as_it_sets_up_as_lightning_does(tmp_path):
+    ours = _dropout_fit(gl, gl.Module, tmp_path / "gpulayer", seed=5)
+    environment = dict(os.environ)
+    try:
+        with warnings.catch_warnings():
+            pl = quiet_lightning()
+            theirs = _dropout_fit(pl, pl.LightningModule, tmp_path / "lightning", seed=5)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], tensor, rtol=0, atol=0)

@@ -51,6 +51,15 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     return seed
 
 
+def reset_seed() -> None:
+    """Seed again as ``seed_everything`` last did, from its environment variables (nothing if it was never called).
+    DDP and FSDP runs do this as they start, as Lightning's strategies do in ``setup_distributed``
+    (``lightning/pytorch/strategies/ddp.py``), so a model built before the run draws the same after it."""
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    if seed is not None:
+        seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
+
+
 def seed_workers_of(loader: object, rank: int) -> None:
     """After ``seed_everything(workers=True)``: give a DataLoader without ``worker_init_fn`` Lightning's one."""
     if os.environ.get("PL_SEED_WORKERS") == "1" and getattr(loader, "worker_init_fn", False) is None:

@@ -37,6 +37,7 @@ from gpulayer.trainer.manual_optimization import ManualOptimization
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.optimization import AutomaticOptimization
 from gpulayer.trainer.preemption import sigterm_noted
+from gpulayer.trainer.seed import reset_seed
 from gpulayer.trainer.states import FIRST_STAGE, TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
@@ -210,6 +211,8 @@ def _set_up(
 ) -> dict[str, Any] | None:
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
+    if trainer.strategy.is_distributed:  # Lightning's DDP and FSDP strategies seed again as they set up
+        reset_seed()
     _prepare_data(trainer, module, datamodule, hooks)
     for logger in trainer.loggers:
         logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder

@@ -203,10 +203,7 @@ def _set_up(
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
     _prepare_data(trainer, module, datamodule, hooks)
-    for logger in trainer.loggers:
-        logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder
-        if trainer.is_global_zero:
-            logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
+    trainer._logger_rows.set_up()
     if datamodule is not None:
         _call_datamodule_hook(datamodule, "setup", stage=trainer.state.fn)
     hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it

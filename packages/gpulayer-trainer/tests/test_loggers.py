@@ -104,6 +104,17 @@ def test_lightnings_tensorboard_logger_writes_the_same_run(tmp_path):
     assert files.count("events.out.tfevents") == 1
 
 
+def test_fast_dev_run_puts_a_logger_that_takes_every_call_in_place_of_the_given_one(tmp_path):
+    """As Lightning's DummyLogger: self.logger.experiment.add_image runs, nothing is written, log_dir is None."""
+    results = []
+    for ours in (True, False):
+        root = tmp_path / str(ours)
+        trainer = _fit(ours, root, TensorBoardLogger(root), fast_dev_run=2)
+        written = sorted(str(path.relative_to(root)) for path in root.rglob("*")) if root.exists() else []
+        results.append((type(trainer.logger).__name__, len(trainer.loggers), trainer.log_dir, written))
+    assert results[0] == results[1] == ("DummyLogger", 1, None, [])
+
+
 def _recording_logger_class(base):
     class Recording(base):
         """Writes nothing locally (no save_dir): records every call the trainer and ModelCheckpoint make."""

@@ -13,6 +13,7 @@ from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.logger import DummyLogger
 from gpulayer.trainer.timer import Timer
 
 
@@ -58,10 +59,10 @@ def check_state_keys(callbacks: list[Callback]) -> None:
 
 def default_loggers(logger: bool | list[Any], args: Any) -> list[Any]:
     """``logger`` as checked (``logger.py``): True gives a ``CSVLogger`` in ``default_root_dir`` (Lightning's
-    default without TensorBoard; GPUlayer's always), False none, a list those loggers. ``fast_dev_run`` writes no
-    files, as Lightning's ``DummyLogger``."""
+    default without TensorBoard; GPUlayer's always), False none, a list those loggers. ``fast_dev_run`` puts
+    Lightning's ``DummyLogger`` in their place, which writes nothing."""
     chosen = [CSVLogger(args.default_root_dir)] if logger is True else logger or []
-    return [] if args.fast_dev_run else chosen
+    return [DummyLogger()] if args.fast_dev_run and chosen else chosen
 
 
 def callback_list(callbacks: Any) -> list[Callback]:

@@ -91,6 +91,43 @@ class Logger(ABC):
         """ModelCheckpoint saved a checkpoint; nothing by default."""
 
 
+class DummyLogger(Logger):
+    """``fast_dev_run``'s logger, as Lightning's: it writes nothing, and its ``experiment`` (like any method of its
+    own) takes every call, so that ``self.logger.experiment.add_image(...)`` runs unchanged."""
+
+    name = property(lambda self: "")
+    version = property(lambda self: "")
+    experiment = property(lambda self: _Anything())
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getitem__(self, index: int) -> DummyLogger:  # self.logger[0].experiment...
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return _Anything().nothing
+
+
+class _Anything:
+    """Lightning's ``_DummyExperiment``: every attribute is a method that does nothing."""
+
+    def nothing(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return self.nothing
+
+    def __getitem__(self, index: int) -> _Anything:
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
+
+
 def logger_list(logger: Any) -> bool | list[Any]:
     """``Trainer(logger=...)`` checked: ``None``/``True`` give True (the default logger), ``False`` gives False, a
     logger or an iterable of them a list; anything else is refused, before any work."""

@@ -19,10 +19,8 @@ class TensorBoardLogger(Logger):
     def __init__(self, save_dir, name="lightning_logs"):
         self._save_dir, self._name, self._writer = save_dir, name, None
         root = os.path.join(save_dir, name)
-        taken = (
-            [int(d.split("_")[1]) for d in os.listdir(root) if d.startswith("version_")] if os.path.isdir(root) else []
-        )
-        self._version = max(taken, default=-1) + 1
+        taken = os.listdir(root) if os.path.isdir(root) else []
+        self._version = max([int(d.split("_")[1]) for d in taken if d.startswith("version_")], default=-1) + 1
 
     name = property(lambda self: self._name)
     version = property(lambda self: self._version)
@@ -77,6 +75,5 @@ if __name__ == "__main__":
     logger = TensorBoardLogger(root)
     trainer = Trainer(accelerator="cpu", max_epochs=5, log_every_n_steps=4, logger=logger, default_root_dir=root)
     trainer.fit(Regression(), data)
-    print(
-        f"wrote {trainer.logger.log_dir}; last train_loss_epoch {float(trainer.callback_metrics['train_loss_epoch']):.4f}"
-    )
+    loss = float(trainer.callback_metrics["train_loss_epoch"])
+    print(f"wrote {trainer.logger.log_dir}; last train_loss_epoch {loss:.4f}")

@@ -1,7 +1,7 @@
 """``enable_checkpointing=True`` with no checkpoint callback: Lightning's ``ModelCheckpoint()`` defaults.
 
-``epoch=E-step=S.ckpt`` in the logger's ``<save_dir>/<name>/version_N/checkpoints``, written after each training epoch (or after its
-validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
+``epoch=E-step=S.ckpt`` in the first logger's ``<save_dir>/<name>/version_N/checkpoints``, written after each
+training epoch (or after its validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
 default checkpointing works without ``gpulayer-callbacks``; with it installed, the default is its ``ModelCheckpoint()``
 (``defaults.py``).
 """

@@ -38,7 +38,8 @@ INTERFACE = (
 
 class Logger(ABC):
     """Base class for experiment loggers: ``name``, ``version``, ``log_metrics`` and ``log_hyperparams`` to write;
-    the rest default as in Lightning (no local folder, nothing to save, ``finalize`` saves)."""
+    the rest default as in Lightning (no local folder, nothing to save, ``finalize`` saves; empty methods on
+    purpose, hence B027)."""
 
     @property
     @abstractmethod
@@ -77,17 +78,17 @@ class Logger(ABC):
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         """Records the hyperparameters."""
 
-    def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:  # noqa: B027 (Lightning's default: nothing)
+    def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:  # noqa: B027
         """Records the model's graph; nothing by default."""
 
-    def save(self) -> None:  # noqa: B027 (Lightning's default: nothing)
+    def save(self) -> None:  # noqa: B027
         """Writes what is buffered; nothing by default."""
 
     def finalize(self, status: str) -> None:
         """The run ended with ``status`` (``"success"``, ``"failed"`` or ``"finished"``): saves by default."""
         self.save()
 
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:  # noqa: B027 (Lightning's default: nothing)
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:  # noqa: B027
         """ModelCheckpoint saved a checkpoint; nothing by default."""
 
 

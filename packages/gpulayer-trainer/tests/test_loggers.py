@@ -1,6 +1,7 @@
 """Trainer(logger=...) with Lightning's own TensorBoardLogger and with a user's logger: the same files, scalars and
 calls as under Lightning 2.6; a value that is no logger is refused; on two ranks only rank 0 writes."""
 
+import importlib.util
 import os
 import warnings
 import weakref
@@ -12,10 +13,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer.trainer as gl
 from gpulayer.runtime.testing import run_ranks
 
-pytest.importorskip("tensorboard")
 lightning = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
 
 
 def _module_class(base, fail=False):
@@ -69,6 +70,8 @@ def _fit(ours, root, logger, fail=False, **options):
 
 
 def _tensorboard_run(ours, root):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     (root / "lightning_logs" / "version_0").mkdir(parents=True)  # taken: the logger picks version_1
     trainer = _fit(ours, root, TensorBoardLogger(root))
     version = root / "lightning_logs" / "version_1"
@@ -89,6 +92,7 @@ def _tensorboard_run(ours, root):
     return scalars, images, files, (version / "hparams.yaml").read_text(), [os.path.relpath(p, root) for p in where]
 
 
+@needs_tensorboard
 def test_lightnings_tensorboard_logger_writes_the_same_run(tmp_path):
     ours = _tensorboard_run(True, tmp_path / "gpulayer")
     theirs = _tensorboard_run(False, tmp_path / "lightning")
@@ -104,6 +108,7 @@ def test_lightnings_tensorboard_logger_writes_the_same_run(tmp_path):
     assert files.count("events.out.tfevents") == 1
 
 
+@needs_tensorboard
 def test_fast_dev_run_puts_a_logger_that_takes_every_call_in_place_of_the_given_one(tmp_path):
     """As Lightning's DummyLogger: self.logger.experiment.add_image runs, nothing is written, log_dir is None."""
     results = []
@@ -220,6 +225,7 @@ def _fit_on_rank(runtime, root):
     return rank_zero.rank_zero_only.rank
 
 
+@needs_tensorboard
 @pytest.mark.multiprocess
 def test_on_two_ranks_only_rank_zero_writes_tensorboard_files(tmp_path):
     # RANK is not set in the harness's ranks: Lightning's rank_zero_only would think each of them is rank 0.

@@ -1,11 +1,13 @@
 """Run one corpus script as ``python script.py`` would, then record what it trained: ``run_script.py SCRIPT OUT``.
 
 The record (JSON, at OUT) holds the module-level ``trainer``'s ``global_step``, ``current_epoch`` and metric dicts,
-every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), and the
-module-level ``model``'s weights, so that a Lightning run and a GPUlayer run of the same script can be compared.
+every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), the
+module-level ``model``'s weights, and the scalars and image steps of a TensorBoardLogger's event files, so that a
+Lightning run and a GPUlayer run of the same script can be compared.
 """
 
 import json
+import os
 import runpy
 import sys
 import warnings
@@ -27,6 +29,23 @@ def _plain(value):
     return value
 
 
+def _tensorboard(logger):
+    """Each scalar's (step, value) and each image tag's steps, from a TensorBoardLogger's folder (else None)."""
+    if type(logger).__name__ != "TensorBoardLogger":
+        return None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger.experiment.flush()
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    tags = events.Tags()
+    return {
+        "scalars": {tag: [[event.step, event.value] for event in events.Scalars(tag)] for tag in tags["scalars"]},
+        "images": {tag: [event.step for event in events.Images(tag)] for tag in tags["images"]},
+        "log_dir": os.path.relpath(logger.log_dir),
+    }
+
+
 def main() -> None:
     script, out = sys.argv[1], sys.argv[2]
     sys.argv = [script]
@@ -41,6 +60,7 @@ def main() -> None:
         "logged_metrics": _floats(trainer.logged_metrics),
         "returned": {name: _plain(value) for name, value in namespace.items() if name.endswith("results")},
         "weights": {name: tensor.tolist() for name, tensor in model.state_dict().items()},
+        "tensorboard": _tensorboard(trainer.logger),
     }
     with open(out, "w") as file:
         json.dump(record, file)

@@ -3,10 +3,13 @@
 
 ``to_gpulayer`` rewrites the ``from lightning.pytorch... import`` statements and nothing else, and
 ``test_only_the_imports_change`` proves it for every script: the two sources' syntax trees, imports left out, are
-the same. Each run is recorded by ``run_script.py`` (steps, epoch, metrics, what validate/test returned, weights).
+the same. A logger or display callback GPUlayer does not ship (``TensorBoardLogger``, ``RichProgressBar``) stays
+imported from Lightning: the Trainer takes it as it is. Each run is recorded by ``run_script.py`` (steps, epoch,
+metrics, what validate/test returned, weights, TensorBoard scalars).
 """
 
 import ast
+import importlib
 import json
 import math
 import os
@@ -35,7 +38,8 @@ _MODULES = {
 
 def to_gpulayer(source: str) -> str:
     """``source`` with each ``from lightning.pytorch[.callbacks|.loggers] import ...`` replaced by GPUlayer's
-    imports of the same names (a renamed class imported under its Lightning name)."""
+    imports of the same names (a renamed class imported under its Lightning name); a logger or callback GPUlayer
+    does not ship stays imported from Lightning."""
     lines = source.splitlines(keepends=True)
     for node in reversed(ast.parse(source).body):
         if not (isinstance(node, ast.ImportFrom) and node.module in _MODULES):
@@ -43,11 +47,19 @@ def to_gpulayer(source: str) -> str:
         by_module: dict[str, list[str]] = {}
         for alias in node.names:
             module, name = _HOMES.get((node.module, alias.name), (_MODULES[node.module], alias.name))
+            if _kept_from_lightning(node.module, alias.name):
+                module = node.module
             bound = alias.asname or alias.name
             by_module.setdefault(module, []).append(name if name == bound else f"{name} as {bound}")
         statements = [f"from {module} import {', '.join(names)}\n" for module, names in sorted(by_module.items())]
         lines[node.lineno - 1 : node.end_lineno] = statements
     return "".join(lines)
+
+
+def _kept_from_lightning(module: str, name: str) -> bool:
+    """A logger or callback of Lightning's that GPUlayer does not ship (its Trainer takes Lightning's own)."""
+    shipped = hasattr(importlib.import_module(_MODULES[module]), name) or (module, name) in _HOMES
+    return module != "lightning.pytorch" and not shipped
 
 
 def _without_imports(source: str) -> str:
@@ -92,25 +104,26 @@ def test_only_the_imports_change(script):
     lightning = script.read_text()
     gpulayer = to_gpulayer(lightning)
     imported = [
-        name
+        (node.module or "", alias.name) if isinstance(node, ast.ImportFrom) else (alias.name, "")
         for node in ast.parse(gpulayer).body
-        for name in (
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in getattr(node, "names", [])]
-        )
         if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
     ]
-    assert not [name for name in imported if name.split(".")[0] == "lightning"], imported
+    from_lightning = [(module, name) for module, name in imported if module.split(".")[0] == "lightning"]
+    assert all(module in _MODULES and _kept_from_lightning(module, name) for module, name in from_lightning), imported
     assert _without_imports(gpulayer) == _without_imports(lightning)
 
 
 @pytest.mark.porting
 @pytest.mark.parametrize("script", CORPUS, ids=[path.stem for path in CORPUS])
 def test_the_script_trains_alike_under_lightning_and_gpulayer(script, tmp_path):
+    if "TensorBoardLogger" in script.read_text():
+        pytest.importorskip("tensorboard")
     ported = tmp_path / script.name
     ported.write_text(to_gpulayer(script.read_text()))
     theirs = _run(script, tmp_path / "lightning")
     ours = _run(ported, tmp_path / "gpulayer")
-    for key in ("global_step", "current_epoch", "callback_metrics", "logged_metrics", "returned"):
+    for key in ("global_step", "current_epoch", "callback_metrics", "logged_metrics", "returned", "tensorboard"):
         _same(theirs[key], ours[key], key)
     for name, weights in theirs["weights"].items():
         assert ours["weights"][name] == weights, f"weights {name} differ"

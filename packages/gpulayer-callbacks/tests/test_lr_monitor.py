@@ -344,8 +344,8 @@ def test_log_momentum_without_momentum_or_betas_warns_and_logs_zero(tmp_path):
     assert ours[2][1] == {"lr-Adagrad-momentum": 0}
 
 
-def test_fast_dev_run_needs_no_logger_and_fills_callback_metrics(tmp_path):
-    """Lightning swaps the logger for one that discards everything; GPUlayer has none: no file, same metrics."""
+def test_fast_dev_run_writes_no_log_file_and_fills_callback_metrics(tmp_path):
+    """Lightning and GPUlayer swap the logger for one that discards everything: no file, same metrics."""
     arguments = (sgd_with_step_lr, dict(log_momentum=True), dict(log_every_n_steps=1, fast_dev_run=2))
     theirs = _run_lightning(tmp_path, *arguments)
     ours = _run(gpulayer, tmp_path / "gpulayer", *arguments)

@@ -58,7 +58,9 @@ def _run(framework, root, arguments, val_loaders, test):
     if framework is gpulayer:
         trainer = gpulayer.Trainer(**options)
     else:
-        trainer = framework.Trainer(enable_progress_bar=False, enable_model_summary=False, **options)
+        # Lightning's default logger is its CSVLogger only where tensorboard is not installed: say it outright.
+        logger = framework.loggers.CSVLogger(root)
+        trainer = framework.Trainer(enable_progress_bar=False, enable_model_summary=False, logger=logger, **options)
     trainer.fit(model, train, val)
     if test:
         trainer.test(model, train, verbose=False)

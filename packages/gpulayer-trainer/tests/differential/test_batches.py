@@ -61,6 +61,11 @@ def _module(base, record):
     return Recorded
 
 
+def _csv_logger(framework, root):
+    """Lightning's default logger is its CSVLogger only where tensorboard is not installed: say it outright."""
+    return (gl if framework is gl else framework.loggers).CSVLogger(root)
+
+
 def _fit_dropping(framework, base, root, **options):
     record = []
     torch.manual_seed(0)
@@ -72,6 +77,7 @@ def _fit_dropping(framework, base, root, **options):
         num_sanity_val_steps=0,
         enable_checkpointing=False,
         default_root_dir=root,
+        logger=_csv_logger(framework, root),
         **options,
     )
     with warnings.catch_warnings(record=True) as caught:
@@ -242,7 +248,7 @@ def _fit_planned(framework, base, checkpoint_class, root, **options):
     checkpoint = checkpoint_class(dirpath=root / "checkpoints", every_n_train_steps=2, save_top_k=-1)
     trainer = framework.Trainer(
         accelerator="cpu", max_epochs=3, log_every_n_steps=3, accumulate_grad_batches=2, callbacks=[checkpoint],
-        default_root_dir=root, **options,
+        default_root_dir=root, logger=_csv_logger(framework, root), **options,
     )  # fmt: skip
     trainer.fit(model, _dropping_loader(dropped=(1, 2), size=2))  # 10 batches an epoch, 2 of them None
     with open(root / "lightning_logs" / "version_0" / "metrics.csv") as file:

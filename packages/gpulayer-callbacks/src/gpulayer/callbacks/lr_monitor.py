@@ -42,8 +42,7 @@ class LearningRateMonitor(Callback):
         self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        # Lightning's fast_dev_run keeps a logger that discards everything; GPUlayer's has none to keep.
-        if not trainer.loggers and not trainer.fast_dev_run:
+        if not trainer.loggers:  # under fast_dev_run, the DummyLogger in place of the user's (as in Lightning)
             raise MisconfiguredValueError(
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. "
                 "Pass logger=True (the default) or a CSVLogger to the Trainer."

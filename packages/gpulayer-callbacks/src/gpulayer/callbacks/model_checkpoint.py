@@ -27,6 +27,7 @@ from gpulayer.callbacks.top_k_files import TopKFiles
 from gpulayer.trainer import Checkpoint
 from gpulayer.trainer.callback import follows_cadence
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
+from gpulayer.trainer.logger import checkpoint_dir
 from gpulayer.trainer.yaml_dump import yaml_document
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,9 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
 
     # ---- hooks ---------------------------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """``dirpath``, else ``<log_dir>/checkpoints``: the logger's ``version_N`` folder or ``default_root_dir``."""
-        dirpath = self.dirpath if self.dirpath is not None else os.path.join(trainer.log_dir, "checkpoints")
+        """``dirpath``, else the first logger's ``<save_dir>/<name>/version_N/checkpoints`` or
+        ``<default_root_dir>/checkpoints``: rank 0's, on every rank."""
+        dirpath = self.dirpath if self.dirpath is not None else checkpoint_dir(trainer)
         self.dirpath = trainer.runtime.broadcast(dirpath)
         warn = trainer.is_global_zero and stage == "fit" and self.save_top_k != 0 and os.path.isdir(self.dirpath)
         if warn and os.listdir(self.dirpath):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.logger import after_save_checkpoint
 
 log = logging.getLogger("gpulayer.callbacks.model_checkpoint")
 
@@ -173,6 +174,7 @@ class TopKFiles:
         trainer.save_checkpoint(filepath, self.save_weights_only)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
+        after_save_checkpoint(trainer, self)
 
     @staticmethod
     def _link_checkpoint(trainer: Any, filepath: str, linkpath: str) -> None:

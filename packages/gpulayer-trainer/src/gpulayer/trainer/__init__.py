@@ -1,4 +1,4 @@
-"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``."""
+"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``, ``Logger``."""
 
 from importlib.metadata import version
 
@@ -7,6 +7,7 @@ from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.ddp import DDPStrategy
 from gpulayer.trainer.exceptions import MisconfigurationException, PossibleUserWarning
+from gpulayer.trainer.logger import Logger
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.strategy import SingleDeviceStrategy, Strategy
@@ -21,6 +22,7 @@ __all__ = [
     "Checkpoint",
     "DDPStrategy",
     "DataModule",
+    "Logger",
     "MisconfigurationException",
     "Module",
     "NonFiniteLossError",

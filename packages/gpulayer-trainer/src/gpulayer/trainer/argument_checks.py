@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.defaults import callback_list
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
+from gpulayer.trainer.logger import logger_list
 from gpulayer.trainer.precision import resolve_precision
 from gpulayer.trainer.strategy_names import check_strategy
 
@@ -56,8 +57,8 @@ def one_of(*accepted: Any) -> Check:
     return lambda name, value, checked: _choice(name, value, accepted)
 
 
-def as_given(name: str, value: Any, checked: Mapping[str, Any]) -> Any:
-    return value
+def logger(name: str, value: Any, checked: Mapping[str, Any]) -> bool | list[Any]:
+    return logger_list(value)
 
 
 def accelerator(name: str, value: Any, checked: Mapping[str, Any]) -> str:

@@ -98,7 +98,7 @@ class TrainerArguments:
     inference_mode: bool = _argument(True, checks.flag(), "Evaluate under torch.inference_mode, else torch.no_grad")
     use_distributed_sampler: bool = _argument(True, checks.flag(), "Give each rank its share with a DistributedSampler")
     default_root_dir: str = _trainer_property(None, checks.root_dir, "Where logs and checkpoints go (None: the cwd)")
-    logger: Any = _argument(None, checks.as_given, "None/True: a CSVLogger; False: none; or CSVLoggers (defaults.py)")
+    logger: Any = _argument(None, checks.logger, "None/True: a CSVLogger; False: none; or loggers (logger.py)")
     enable_progress_bar: bool = _argument(None, checks.flag(none=True), "Print the log line")
     enable_model_summary: bool = _argument(None, checks.flag(none=True), "Accepted; GPUlayer prints no model summary")
     barebones: bool = _trainer_property(False, checks.flag(), "Turn off all that may cost speed (checkpoints, logs...)")

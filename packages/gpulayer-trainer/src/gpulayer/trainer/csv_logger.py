@@ -8,6 +8,7 @@ import os
 import warnings
 from typing import Any
 
+from gpulayer.trainer.logger import Logger
 from gpulayer.trainer.private_files import make_folders, write_atomically
 from gpulayer.trainer.yaml_dump import hparams_document
 
@@ -15,17 +16,25 @@ from gpulayer.trainer.yaml_dump import hparams_document
 _FLUSH_EVERY_N_STEPS = 100
 
 
-class CSVLogger:
+class CSVLogger(Logger):
     """Buffers metric rows and writes them as Lightning's CSVLogger does; hparams go to YAML as PyYAML dumps them."""
 
     def __init__(self, save_dir: str, name: str | None = "lightning_logs", version: int | str | None = None) -> None:
-        self.save_dir = os.fspath(save_dir)
-        self.name = name or ""
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
         self._version = version
         self._started = False
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._hparams: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
 
     @property
     def version(self) -> int | str:

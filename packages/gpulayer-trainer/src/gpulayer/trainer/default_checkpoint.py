@@ -1,7 +1,7 @@
 """``enable_checkpointing=True`` with no checkpoint callback: Lightning's ``ModelCheckpoint()`` defaults.
 
-``epoch=E-step=S.ckpt`` in ``<log_dir>/checkpoints``, written after each training epoch (or after its
-validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
+``epoch=E-step=S.ckpt`` in the first logger's ``<save_dir>/<name>/version_N/checkpoints``, written after each
+training epoch (or after its validation when validation runs mid-epoch), keeping only the newest file. It lives in the trainer so that
 default checkpointing works without ``gpulayer-callbacks``; with it installed, the default is its ``ModelCheckpoint()``
 (``defaults.py``).
 """
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpulayer.trainer.callback import Checkpoint
+from gpulayer.trainer.logger import after_save_checkpoint, checkpoint_dir
 
 if TYPE_CHECKING:
     from gpulayer.trainer.module import Module
@@ -35,7 +36,7 @@ class DefaultCheckpoint(Checkpoint):
 
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = trainer.runtime.broadcast(os.path.join(trainer.log_dir, "checkpoints"))
+            self.dirpath = trainer.runtime.broadcast(checkpoint_dir(trainer))
         if trainer.is_global_zero and stage == "fit" and os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
             warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", UserWarning, stacklevel=2)
 
@@ -91,6 +92,7 @@ class DefaultCheckpoint(Checkpoint):
             self.best_model_path = previous
             raise
         self._last_global_step_saved = trainer.global_step
+        after_save_checkpoint(trainer, self)
         if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
             os.remove(previous)
 

@@ -13,6 +13,7 @@ from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.hooks import is_overridden
+from gpulayer.trainer.logger import DummyLogger
 from gpulayer.trainer.timer import Timer
 
 
@@ -56,24 +57,12 @@ def check_state_keys(callbacks: list[Callback]) -> None:
         seen[callback.state_key] = callback
 
 
-def default_loggers(logger: Any, args: Any) -> list[CSVLogger]:
-    """``True``/``None``: a ``CSVLogger`` in ``default_root_dir`` (Lightning's default without TensorBoard);
-    ``False`` or ``[]``: none; a ``CSVLogger`` or a list of them: those. ``fast_dev_run`` writes no files, as
-    Lightning's ``DummyLogger``."""
-    if logger is None or logger is True:
-        chosen = [CSVLogger(args.default_root_dir)]
-    elif logger is False:
-        chosen = []
-    elif isinstance(logger, CSVLogger):
-        chosen = [logger]
-    elif isinstance(logger, (list, tuple)) and all(isinstance(one, CSVLogger) for one in logger):
-        chosen = list(logger)
-    else:
-        raise TypeError(
-            f"logger={logger!r}: accepted values are True, False, None, a gpulayer.trainer.CSVLogger or a list of "
-            "them (GPUlayer writes CSV only; gpulayer plot draws the curves)"
-        )
-    return [] if args.fast_dev_run else chosen
+def default_loggers(logger: bool | list[Any], args: Any) -> list[Any]:
+    """``logger`` as checked (``logger.py``): True gives a ``CSVLogger`` in ``default_root_dir`` (Lightning's
+    default without TensorBoard; GPUlayer's always), False none, a list those loggers. ``fast_dev_run`` puts
+    Lightning's ``DummyLogger`` in their place, which writes nothing."""
+    chosen = [CSVLogger(args.default_root_dir)] if logger is True else logger or []
+    return [DummyLogger()] if args.fast_dev_run and chosen else chosen
 
 
 def callback_list(callbacks: Any) -> list[Callback]:

@@ -1,19 +1,22 @@
 """What the logger receives and when: Lightning's rows, pushed only where values are read anyway.
 
 Lightning 2.6's are made by ``_LoggerConnector`` (``lightning/pytorch/trainer/connectors/logger_connector/``) and
-written by ``CSVLogger`` (``lightning/pytorch/loggers/csv_logs.py``).
+written by its loggers. GPUlayer calls the loggers on global rank 0 alone (Lightning calls them on every rank,
+where its loggers do nothing but on rank 0).
 
 Training step rows at the ``log_every_n_steps`` points (the log line's), evaluation step rows for metrics
-logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch. Rows are
-buffered by the logger and written at log points and epoch ends; no file is touched on other steps.
+logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch, each followed
+by ``save`` as in Lightning; no logger is called on other steps.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.exceptions import HyperparameterClashError
 
 if TYPE_CHECKING:
@@ -24,9 +27,26 @@ class LoggerRows:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
-    def push(self, metrics: dict[str, Any], step: int | None = None, save: bool = True, step_offset: int = 0) -> None:
+    def set_up(self) -> None:
+        """Before the ``setup`` hooks: Lightning's ``rank_zero_only.rank`` set to this rank, as its strategies set
+        it (its loggers then write on rank 0 alone, whatever the environment said when Lightning was imported);
+        every rank on rank 0's CSVLogger version; each logger's folder made on rank 0, as Lightning's setup makes
+        it by reading ``logger.experiment`` (a CSVLogger saves)."""
+        trainer = self.trainer
+        rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")  # never imported here
+        if rank_zero is not None:
+            rank_zero.rank_zero_only.rank = trainer.global_rank
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                logger.settle_version(trainer.runtime)
+                if trainer.is_global_zero:
+                    logger.save()
+            elif trainer.is_global_zero and hasattr(logger, "experiment"):
+                _ = logger.experiment
+
+    def push(self, metrics: dict[str, Any], step: int | None = None, step_offset: int = 0) -> None:
         """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of
-        batches that stepped (plus ``step_offset``)."""
+        batches that stepped (plus ``step_offset``); each logger saves after each row."""
         trainer = self.trainer
         if not trainer.loggers or not metrics or not trainer.is_global_zero:
             return
@@ -40,12 +60,11 @@ class LoggerRows:
                 step = trainer.cadence.logger_step + step_offset
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-            if save:
-                logger.save()
+            logger.save()
 
     def hyperparameters(self) -> None:
-        """The module's (and DataModule's) ``save_hyperparameters`` values, at the start of every run (unless
-        ``enable_autolog_hparams=False``)."""
+        """The module's (and DataModule's) ``save_hyperparameters`` values, then ``log_graph(module)`` and ``save``,
+        at the start of every run (unless ``enable_autolog_hparams=False``)."""
         trainer = self.trainer
         if not trainer.loggers or not trainer.is_global_zero or not trainer.args.enable_autolog_hparams:
             return
@@ -68,6 +87,7 @@ class LoggerRows:
         for logger in trainer.loggers:
             if logged is not None:
                 logger.log_hyperparams(logged)
+            logger.log_graph(module)
             logger.save()
 
     def finalize(self, status: str) -> None:

@@ -214,10 +214,7 @@ def _set_up(
     if trainer.strategy.is_distributed:  # Lightning's DDP and FSDP strategies seed again as they set up
         reset_seed()
     _prepare_data(trainer, module, datamodule, hooks)
-    for logger in trainer.loggers:
-        logger.settle_version(trainer.runtime)  # every rank names rank 0's version folder
-        if trainer.is_global_zero:
-            logger.save()  # makes the version folder now, as Lightning's setup does through logger.experiment
+    trainer._logger_rows.set_up()
     if datamodule is not None:
         _call_datamodule_hook(datamodule, "setup", stage=trainer.state.fn)
     hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it

@@ -7,7 +7,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +21,6 @@ from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.compiled import uncompiled
-from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
 from gpulayer.trainer.defaults import default_callbacks, default_loggers
@@ -30,6 +29,7 @@ from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.fit_loop import FitLoop
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.log_line import LogLine
+from gpulayer.trainer.logger import Logger, trainer_log_dir
 from gpulayer.trainer.logger_rows import LoggerRows
 from gpulayer.trainer.metric_hub import MetricHub
 from gpulayer.trainer.module import Module
@@ -82,7 +82,7 @@ class Trainer(TrainerProperties):
         inference_mode: bool = True,
         use_distributed_sampler: bool = True,
         default_root_dir: str | None = None,
-        logger: bool | CSVLogger | list[CSVLogger] | None = None,
+        logger: bool | Logger | Iterable[Logger] | None = None,
         enable_progress_bar: bool | None = None,
         enable_model_summary: bool | None = None,
         barebones: bool = False,
@@ -102,7 +102,7 @@ class Trainer(TrainerProperties):
 
     def _build_from_args(self) -> None:
         """What the Trainer builds from its arguments: loggers, placement, strategy, callbacks, state and parts."""
-        self.loggers: list[CSVLogger] = default_loggers(self.args.logger, self.args)
+        self.loggers: list[Logger] = default_loggers(self.args.logger, self.args)
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
         # `gpulayer launch` here and never returns (see world.py).
         placement, self.strategy = find_placement(self.args)
@@ -354,18 +354,18 @@ class Trainer(TrainerProperties):
             print(*args, **kwargs)
 
     @property
-    def logger(self) -> CSVLogger | None:
+    def logger(self) -> Logger | None:
         """The first of ``loggers``, or None (Lightning's)."""
         return self.loggers[0] if self.loggers else None
 
     @logger.setter
-    def logger(self, logger: CSVLogger | None) -> None:
+    def logger(self, logger: Logger | None) -> None:
         self.loggers = [] if logger is None else [logger]
 
     @property
-    def log_dir(self) -> str:
-        """The first logger's ``version_N`` folder; ``default_root_dir`` without a logger (as in Lightning)."""
-        return self.loggers[0].log_dir if self.loggers else self.args.default_root_dir
+    def log_dir(self) -> str | None:
+        """Where the first logger writes (see ``trainer_log_dir``); ``default_root_dir`` without a logger."""
+        return trainer_log_dir(self)
 
 
 def _check_module(model: Any, stage: str) -> Module:

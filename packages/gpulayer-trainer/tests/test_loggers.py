@@ -100,7 +100,10 @@ def test_lightnings_tensorboard_logger_writes_the_same_run(tmp_path):
     scalars, images, files, hparams, (log_dir, checkpoint) = ours
     assert {"train_loss_step", "train_loss_epoch", "val_loss", "val_step", "epoch", "hp_metric"} <= scalars.keys()
     assert images == {"inputs": [0, 5]}  # self.logger.experiment.add_image in a step
-    assert hparams == "label: demo\nwidth: 4\n"
+    # Lightning's hparams.yaml: through OmegaConf.save (the keys in their order) where omegaconf is installed
+    assert hparams == (
+        "width: 4\nlabel: demo\n" if importlib.util.find_spec("omegaconf") else "label: demo\nwidth: 4\n"
+    )
     assert (log_dir, checkpoint) == (
         "lightning_logs/version_1",
         "lightning_logs/version_1/checkpoints/epoch=1-step=10.ckpt",
@@ -184,7 +187,7 @@ def test_a_user_logger_receives_lightnings_calls(tmp_path, fail):
             where = None
         else:
             where = (trainer.log_dir, os.path.relpath(trainer.checkpoint_callback.dirpath, root))
-        results.append((logger.calls, where))
+        results.append((logger.calls if ours else _without_saves_after_evaluation_steps(logger.calls), where))
     assert results[0] == results[1]
     calls, where = results[0]
     assert calls[:3] == [("log_hyperparams", {"width": 4, "label": "demo"}), ("log_graph", "Imaged"), ("save",)]
@@ -192,6 +195,16 @@ def test_a_user_logger_receives_lightnings_calls(tmp_path, fail):
     if not fail:
         assert where == (None, "recorded/first/checkpoints")
         assert ("after_save_checkpoint", "last.ckpt") in calls
+
+
+def _without_saves_after_evaluation_steps(calls):
+    """Lightning's calls less the ``save`` after each evaluation step row (``val_step``, logged with
+    ``on_step=True``): GPUlayer saves those rows with the evaluation's end row, so no file is written per step."""
+    return [
+        call
+        for index, call in enumerate(calls)
+        if not (call == ("save",) and calls[index - 1][0] == "log_metrics" and "val_step" in calls[index - 1][1])
+    ]
 
 
 def _checkpoint(ours, **options):

@@ -177,7 +177,7 @@ class EvaluationLoop:
             hub.on_batch_end()
             if not self.trainer.sanity_checking:
                 loader_idx = idx or 0
-                self.logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx])
+                self.logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx], save=False)
                 self.logged_batches[loader_idx] += 1
         return output
 

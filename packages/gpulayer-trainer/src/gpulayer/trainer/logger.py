@@ -179,16 +179,22 @@ _LOG_DIR_MODULES = ("lightning.pytorch.loggers", "pytorch_lightning.loggers", "g
 
 def trainer_log_dir(trainer: Trainer) -> str | None:
     """Lightning's ``Trainer.log_dir``: the first logger's ``log_dir`` (a TensorBoardLogger or CSVLogger) or
-    ``save_dir`` (any other), else ``default_root_dir``; rank 0's, on every rank (call it on all of them)."""
+    ``save_dir`` (any other), else ``default_root_dir``. Lightning broadcasts rank 0's at every read; GPUlayer takes
+    rank 0's once, when a run sets up (``LoggerRows.set_up``), so that a read on one rank alone never waits."""
     if not trainer.loggers:
         return trainer.default_root_dir
     first = trainer.loggers[0]
+    settled = trainer._logger_rows.settled_log_dir
+    return settled[1] if settled is not None and settled[0] is first else logger_folder(first)
+
+
+def logger_folder(logger: Any) -> str | None:
+    """The folder Lightning's ``Trainer.log_dir`` names for ``logger``, as this rank sees it."""
     in_log_dir = any(
         kind.__name__ in _LOG_DIR_LOGGERS and kind.__module__.startswith(_LOG_DIR_MODULES)
-        for kind in type(first).__mro__
+        for kind in type(logger).__mro__
     )
-    folder = first.log_dir if in_log_dir else first.save_dir
-    return trainer.runtime.broadcast(folder) if trainer.world_size > 1 else folder
+    return logger.log_dir if in_log_dir else logger.save_dir
 
 
 def checkpoint_dir(trainer: Trainer) -> str:

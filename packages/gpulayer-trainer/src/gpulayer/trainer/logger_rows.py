@@ -6,7 +6,8 @@ where its loggers do nothing but on rank 0).
 
 Training step rows at the ``log_every_n_steps`` points (the log line's), evaluation step rows for metrics
 logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch, each followed
-by ``save`` as in Lightning; no logger is called on other steps.
+by ``save`` as in Lightning but the evaluation step rows (saved with the evaluation's end row); no logger is called
+on other steps.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.exceptions import HyperparameterClashError
+from gpulayer.trainer.logger import logger_folder
 
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 class LoggerRows:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
+        self.settled_log_dir: tuple[Any, str | None] | None = None  # (the first logger, rank 0's folder for it)
 
     def set_up(self) -> None:
         """Before the ``setup`` hooks: Lightning's ``rank_zero_only.rank`` set to this rank, as its strategies set
@@ -43,10 +46,16 @@ class LoggerRows:
                     logger.save()
             elif trainer.is_global_zero and hasattr(logger, "experiment"):
                 _ = logger.experiment
+        if trainer.loggers:
+            first = trainer.loggers[0]
+            folder = logger_folder(first)
+            self.settled_log_dir = (first, trainer.runtime.broadcast(folder) if trainer.world_size > 1 else folder)
 
-    def push(self, metrics: dict[str, Any], step: int | None = None, step_offset: int = 0) -> None:
+    def push(self, metrics: dict[str, Any], step: int | None = None, save: bool = True, step_offset: int = 0) -> None:
         """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of
-        batches that stepped (plus ``step_offset``); each logger saves after each row."""
+        batches that stepped (plus ``step_offset``). Each logger saves after the row, as in Lightning, except after
+        evaluation step rows (``save=False``): those stay buffered until the evaluation's end, so that no file is
+        written per step."""
         trainer = self.trainer
         if not trainer.loggers or not metrics or not trainer.is_global_zero:
             return
@@ -60,7 +69,8 @@ class LoggerRows:
                 step = trainer.cadence.logger_step + step_offset
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-            logger.save()
+            if save:
+                logger.save()
 
     def hyperparameters(self) -> None:
         """The module's (and DataModule's) ``save_hyperparameters`` values, then ``log_graph(module)`` and ``save``,

@@ -35,7 +35,7 @@ TRAINER = [
     ("num_nodes=0", {"num_nodes": 0}, ValueError, None, "ints >= 1"),
     ("fast_dev_run=-1", {"fast_dev_run": -1}, ValueError, None, "True, False or an int >= 0"),
     ("strategy deepspeed", {"strategy": "deepspeed"}, ValueError, None, "'ddp'"),
-    ("logger by name", {"logger": "csv"}, TypeError, None, "a gpulayer.trainer.CSVLogger"),
+    ("logger by name", {"logger": "csv"}, TypeError, None, "a gpulayer.trainer.Logger"),
     ("check_finite_loss as text", {"check_finite_loss": "no"}, TypeError, None, "True or False"),
     (
         "callback class, not instance",

@@ -181,7 +181,8 @@ def test_a_user_logger_receives_lightnings_calls(tmp_path, fail):
         logger = _recording_logger_class(base)()
         root = tmp_path / str(ours)
         try:
-            trainer = _fit(ours, root, logger, fail=fail, callbacks=[_checkpoint(ours, save_last=True)])
+            told = _exception_told(ours, logger.calls)
+            trainer = _fit(ours, root, logger, fail=fail, callbacks=[_checkpoint(ours, save_last=True), told])
         except RuntimeError:
             assert fail
             where = None
@@ -191,10 +192,20 @@ def test_a_user_logger_receives_lightnings_calls(tmp_path, fail):
     assert results[0] == results[1]
     calls, where = results[0]
     assert calls[:3] == [("log_hyperparams", {"width": 4, "label": "demo"}), ("log_graph", "Imaged"), ("save",)]
-    assert calls[-1] == ("finalize", "failed" if fail else "success")
+    assert calls[-2:] == [("on_exception",), ("finalize", "failed")] if fail else calls[-1] == ("finalize", "success")
     if not fail:
         assert where == (None, "recorded/first/checkpoints")
         assert ("after_save_checkpoint", "last.ckpt") in calls
+
+
+def _exception_told(ours, calls):
+    """A callback that records ``on_exception`` among the logger's calls (Lightning finalizes the loggers after it)."""
+
+    class Told(gl.Callback if ours else lightning.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            calls.append(("on_exception",))
+
+    return Told()
 
 
 def _without_saves_after_evaluation_steps(calls):

@@ -82,10 +82,10 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
     except BaseException as error:
         trainer.state.status = TrainerStatus.INTERRUPTED
         trainer.fit_loop.optimization = None
-        trainer._logger_rows.finalize("failed")
         hooks.on_exception(error)
         if datamodule is not None:
             _call_datamodule_hook(datamodule, "on_exception", error)
+        trainer._logger_rows.finalize("failed")  # after on_exception, as Lightning's _interrupt
         strategy.teardown(trainer.optimizers)
         shut_down_workers(_stage_loaders(trainer, stage))
         trainer.state.stage = None

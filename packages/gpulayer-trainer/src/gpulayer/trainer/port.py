@@ -40,10 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for line in report.failures:
         print(line, file=sys.stderr)
-    done = f"{len(report.written)} written" if not args.check else "nothing written (--check)"
-    print(
-        f"gpulayer port: {len(report.ported)} files ported, {done}, {len(report.findings)} findings to do by hand"
-        + (f", {len(report.failures)} files not parsed" if report.failures else ""),
-        file=sys.stderr,
-    )
+    done = f"{_count(report.written, 'file')} written" if not args.check else "nothing written (--check)"
+    failed = f", {_count(report.failures, 'file')} not parsed" if report.failures else ""
+    summary = f"{_count(report.ported, 'file')} ported, {done}, {_count(report.findings, 'finding')} to do by hand"
+    print(f"gpulayer port: {summary}{failed}", file=sys.stderr)
     return report.exit_status
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"

@@ -82,6 +82,22 @@ def test_a_dotted_import_a_local_import_and_a_taken_name():
     )
 
 
+def test_a_module_imported_from_a_lightning_package_is_followed_through_its_attributes():
+    source = (
+        "from lightning.pytorch import callbacks\n"
+        "from lightning import pytorch as pl\n"
+        "c = [callbacks.ModelCheckpoint(), callbacks.RichProgressBar()]\n"
+        "m = pl.LightningModule.load_from_checkpoint('x.ckpt')\n"
+    )
+    assert port_code(source).code == (
+        "from gpulayer.callbacks import ModelCheckpoint\n"
+        "from gpulayer.trainer import Module\n"
+        "from lightning.pytorch import callbacks\n"  # still needed for the progress bar
+        "c = [ModelCheckpoint(), callbacks.RichProgressBar()]\n"
+        "m = Module.load_from_checkpoint('x.ckpt')\n"
+    )
+
+
 def test_loggers_and_display_callbacks_stay_lightnings_without_a_finding():
     source = (
         "from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar\n"

@@ -112,6 +112,9 @@ REGISTRY: dict[str, Answer] = {
         NOT_ADOPTED,
         "GPUlayer has no LightningCLI; build the Trainer from your own configuration: Trainer(**config['trainer'])",
     ),
+    "lightning.pytorch.utilities.rank_zero.": Answer(
+        NOT_ADOPTED, "GPUlayer has no rank-zero helpers; guard the code with `if trainer.is_global_zero:`"
+    ),
     "lightning.fabric.": Answer(NOT_ADOPTED, f"GPUlayer has no Fabric; {_LAUNCH}"),
     "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),
 }
@@ -137,7 +140,7 @@ _SAME = {
         "lightning.pytorch.utilities.exceptions.MisconfigurationException"
     ),
     "lightning.fabric.utilities.warnings.PossibleUserWarning": "lightning.pytorch.utilities.warnings.PossibleUserWarning",
-    "lightning.pytorch.utilities.model_summary.ModelSummary": "lightning.pytorch.utilities.model_summary.",
+    "lightning.pytorch.utilities.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
 }
 LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
 

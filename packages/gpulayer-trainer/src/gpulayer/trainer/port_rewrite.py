@@ -111,7 +111,7 @@ class _Plan:
 
     def _module_binding(self, node: cst.Import | cst.ImportFrom, alias: cst.ImportAlias, prefix: str) -> None:
         """A Lightning module bound to a name: each attribute chain through it is resolved on its own."""
-        bound = alias.evaluated_alias or (prefix if isinstance(node, cst.ImportFrom) else alias.evaluated_name)
+        bound = alias.evaluated_alias or alias.evaluated_name  # `import lightning.pytorch` binds "lightning.pytorch"
         needed = False
         for reference in self._references(node, bound):
             if not isinstance(reference, (cst.Name, cst.Attribute)):

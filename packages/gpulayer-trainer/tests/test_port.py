@@ -3,6 +3,7 @@ bad input refused before anything is written."""
 
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,17 @@ from gpulayer.trainer.port import main
 from gpulayer.trainer.port_rewrite import port_code
 
 TUNER = registry.REGISTRY["lightning.pytorch.tuner."].note
+PACKAGES = Path(__file__).resolve().parents[2]
+
+
+def test_the_command_and_its_extra_are_declared_for_gpulayer_and_its_all_extra():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    trainer = tomllib.loads((PACKAGES / "gpulayer-trainer" / "pyproject.toml").read_text())["project"]
+    module, function = trainer["entry-points"]["gpulayer.commands"]["port"].split(":")
+    assert getattr(importlib.import_module(module), function) is main
+    assert [requirement.split(">")[0] for requirement in trainer["optional-dependencies"]["port"]] == ["libcst"]
+    meta = tomllib.loads((PACKAGES / "gpulayer" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("gpulayer-trainer[") and "port" in r.split("]")[0] for r in meta["all"]), meta["all"]
 
 
 def test_each_import_form_is_rewritten_and_every_other_byte_stays():

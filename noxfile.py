@@ -32,14 +32,14 @@ TEST_REQUIREMENTS = {
     "gpulayer-trainer": ["lightning==2.6.*", "omegaconf>=2.2.3,<3.0", "tensorboard>=2.15", "rich>=13"],
     "gpulayer-callbacks": ["lightning==2.6.*"],
 }
-EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests
+EXTRAS = {"gpulayer-trainer": "[plot,port]"}  # matplotlib and libcst, for gpulayer plot and port and their tests
 # Installed in dependency order: runtime, trainer, callbacks and fsdp, then the meta distribution that pins them.
 DISTRIBUTIONS = ["gpulayer-runtime", "gpulayer-trainer", "gpulayer-callbacks", "gpulayer-fsdp", "gpulayer"]
 PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 
 def _install(session: nox.Session) -> None:
-    """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools."""
+    """Torch first (pinned), then every distribution editable (the trainer with its plot and port extras), then the test tools."""
     session.install(*shlex.split(TORCH))
     test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
     editable = [f"packages/{name}" + EXTRAS.get(name, "") for name in DISTRIBUTIONS]

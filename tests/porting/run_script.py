@@ -1,4 +1,5 @@
 """Run one corpus script as ``python script.py`` would, then record what it trained: ``run_script.py SCRIPT OUT``.
+A notebook runs as its code cells one after the other, without IPython's magics (``%...``, ``!...``).
 
 The record (JSON, at OUT) holds the module-level ``trainer``'s ``global_step``, ``current_epoch`` and metric dicts,
 every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), the
@@ -11,6 +12,7 @@ import os
 import runpy
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -46,9 +48,20 @@ def _tensorboard(logger):
     }
 
 
+def _as_script(notebook: Path, script: Path) -> None:
+    cells = json.loads(notebook.read_text())["cells"]
+    code = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+    lines = [line for cell in code for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    script.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     script, out = sys.argv[1], sys.argv[2]
+    if script.endswith(".ipynb"):
+        _as_script(Path(script), Path(out).with_name("notebook.py"))
+        script = str(Path(out).with_name("notebook.py"))
     sys.argv = [script]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python script.py does
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's tips and both frameworks' documented warnings
         namespace = runpy.run_path(script, run_name="__main__")

@@ -1,0 +1,177 @@
+"""``port_paths``: ``gpulayer port``'s work on files: the ``.py`` files and notebooks given or found in the folders
+given, each ported by ``port_rewrite`` and written under ``out``, in place, or nowhere.
+
+Every input is checked before anything is written. A notebook's code cells are ported as one source (they share
+one namespace), with IPython's magics (``%time``, ``!pip``) kept aside and a ``%%`` cell left whole.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from gpulayer.trainer.port_rewrite import Finding, port_code
+from gpulayer.trainer.private_files import make_folders, write_atomically
+
+SUFFIXES = (".py", ".ipynb")
+_SKIPPED_FOLDERS = ("__pycache__", ".ipynb_checkpoints")
+_CELL = "#gpulayer-port-cell\n"
+_MAGIC = "#gpulayer-port-magic:"
+
+
+class PortInputError(ValueError):
+    """A source or ``--out`` that cannot be ported, named with what is accepted."""
+
+
+@dataclass
+class Report:
+    findings: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: what to do
+    failures: list[str] = field(default_factory=list)  # PATH: cannot be parsed: the parser's message
+    ported: list[Path] = field(default_factory=list)  # the files read and ported
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """0: nothing left by hand; 1: findings; 2: a file could not be parsed."""
+        return 2 if self.failures else 1 if self.findings else 0
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: Path
+    relative: Path  # its name under ``out``
+    notebook: dict | None
+
+
+def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool = False) -> Report:
+    """Port ``sources`` (files and folders): write them under ``out`` (same relative names), in place, or, with
+    neither, only report. Raises ``PortInputError`` before writing anything when an input cannot be used."""
+    files = _collect(sources, out)
+    report = Report()
+    for source in files:
+        try:
+            text = source.path.read_bytes().decode("utf-8")
+            code, findings = (
+                _port_notebook(source.notebook, text) if source.notebook is not None else _port_python(text)
+            )
+        except (cst.ParserSyntaxError, UnicodeDecodeError) as unparsable:
+            report.failures.append(f"{source.path}: cannot be parsed: {_one_line(unparsable)}")
+            continue
+        report.ported.append(source.path)
+        report.findings += [_where(source.path, cell, finding) for cell, finding in findings]
+        target = out / source.relative if out is not None else source.path if in_place else None
+        if target is not None and (out is not None or code != text):
+            make_folders(str(target.parent))
+            write_atomically(str(target), code.encode("utf-8"))
+            shutil.copymode(source.path, target)
+            report.written.append(target)
+    return report
+
+
+def _collect(sources: list[Path], out: Path | None) -> list[_Source]:
+    found: list[_Source] = []
+    for source in sources:
+        if not source.exists():
+            raise PortInputError(f"{source}: no such file or folder")
+        if source.is_dir():
+            if out is not None and out.resolve().is_relative_to(source.resolve()):
+                raise PortInputError(f"--out {out} is inside the source folder {source}: choose a folder outside it")
+            found += [_source(path, source.name / path.relative_to(source)) for path in _tree(source)]
+        elif source.suffix in SUFFIXES:
+            found.append(_source(source, Path(source.name)))
+        else:
+            raise PortInputError(
+                f"{source}: not a Python file or notebook (accepted: {', '.join(SUFFIXES)} or a folder)"
+            )
+    if out is not None and out.exists() and not out.is_dir():
+        raise PortInputError(f"--out {out}: not a folder")
+    names = [source.relative for source in found]
+    twice = sorted({str(name) for name in names if names.count(name) > 1})
+    if out is not None and twice:
+        raise PortInputError(f"--out {out}: several sources would be written to {', '.join(twice)}")
+    return found
+
+
+def _tree(folder: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in folder.rglob("*")
+        if path.suffix in SUFFIXES
+        and path.is_file()
+        and not any(part in _SKIPPED_FOLDERS or part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+
+
+def _source(path: Path, relative: Path) -> _Source:
+    if path.suffix != ".ipynb":
+        return _Source(path, relative, None)
+    try:
+        notebook = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as bad:
+        raise PortInputError(f"{path}: a notebook must be JSON: {bad}") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise PortInputError(f"{path}: a notebook must be a JSON object with a list of cells")
+    return _Source(path, relative, notebook)
+
+
+def _port_python(text: str) -> tuple[str, list[tuple[int | None, Finding]]]:
+    ported = port_code(text)
+    return ported.code, [(None, finding) for finding in ported.findings]
+
+
+def _port_notebook(notebook: dict, text: str) -> tuple[str, list[tuple[int | None, Finding]]]:
+    """The notebook with its code cells ported (``text`` itself when none changes); each finding with its cell's
+    1-based number and its line in the cell."""
+    cells = [
+        (number, cell)
+        for number, cell in enumerate(notebook["cells"], start=1)
+        if cell.get("cell_type") == "code" and not _text(cell).lstrip().startswith("%%")
+    ]
+    codes = [_hide_magics(_text(cell)) for _, cell in cells]
+    ends = ["" if code.endswith("\n") or not code else "\n" for code in codes]  # each cell on lines of its own
+    ported = port_code("".join(code + end + _CELL for code, end in zip(codes, ends, strict=True)))
+    starts = [1]
+    for code, end in zip(codes, ends, strict=True):
+        starts.append(starts[-1] + (code + end).count("\n") + 1)
+    findings = []
+    for finding in ported.findings:
+        index = max(i for i, start in enumerate(starts[:-1]) if start <= finding.line)
+        moved = Finding(finding.line - starts[index] + 1, finding.column, finding.name, finding.note)
+        findings.append((cells[index][0], moved))
+    pieces = ported.code.split(_CELL)[: len(cells)]
+    changed = False
+    for (_, cell), end, piece in zip(cells, ends, pieces, strict=True):
+        new = _show_magics(piece.removesuffix(end) if end else piece)
+        if new != _text(cell):
+            cell["source"] = new.splitlines(keepends=True) if isinstance(cell["source"], list) else new
+            changed = True
+    return (json.dumps(notebook, indent=1, ensure_ascii=False) + "\n" if changed else text), findings
+
+
+def _text(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _hide_magics(code: str) -> str:
+    return "".join(
+        line[: len(line) - len(line.lstrip())] + _MAGIC + line.lstrip() if line.lstrip()[:1] in ("%", "!") else line
+        for line in code.splitlines(keepends=True)
+    )
+
+
+def _show_magics(code: str) -> str:
+    return code.replace(_MAGIC, "")
+
+
+def _where(path: Path, cell: int | None, finding: Finding) -> str:
+    return finding.format(str(path) if cell is None else f"{path}[cell {cell}]")
+
+
+def _one_line(error: Exception) -> str:
+    message = str(error).strip().splitlines()
+    return " ".join(line.strip() for line in message if line.strip()) or type(error).__name__

@@ -1,0 +1,203 @@
+"""Lightning 2.6's public names and GPUlayer's answer for each: the one source of ``gpulayer port``'s rewrites and
+reports, and of the porting guide's table of them (``docs/porting-from-lightning.md``, tested against it).
+
+A name is looked up by its full dotted path (``lightning.pytorch.callbacks.ModelCheckpoint``); ``pytorch_lightning``,
+``lightning``'s top-level re-exports and Lightning's defining modules are first turned into the public path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpulayer.trainer import argument_checks as checks
+from gpulayer.trainer.arguments import DECLARATIONS
+from gpulayer.trainer.strategy_names import check_strategy
+
+ADOPTED = "adopted"  # GPUlayer's name, same behaviour: the import is rewritten
+DIFFERENT = "adopted with a difference"  # rewritten; the porting guide documents the difference
+KEPT = "kept as Lightning's"  # GPUlayer's Trainer takes Lightning's object as it is: the import stays
+NOT_ADOPTED = "not adopted"  # the import stays, marked, and is reported: what to do instead
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: str
+    note: str
+    home: str = ""  # GPUlayer's dotted path, for ADOPTED and DIFFERENT
+
+    @property
+    def rewritten(self) -> bool:
+        return self.status in (ADOPTED, DIFFERENT)
+
+
+def _adopted(home: str, note: str = "") -> Answer:
+    return Answer(ADOPTED, note, home)
+
+
+def _different(home: str, note: str) -> Answer:
+    return Answer(DIFFERENT, note, home)
+
+
+_DISPLAY = "accepted in callbacks= and dropped with one warning (GPUlayer prints its log line and no summary)"
+_LOGGER = "GPUlayer's Trainer takes Lightning's logger object as it is"
+_LAUNCH = "write the loop under gpulayer.runtime.launch() (docs/porting-from-lightning.md), or keep Lightning for it"
+_CALLBACK = (
+    "Lightning's callbacks are refused in GPUlayer's callbacks=; write it as a gpulayer.trainer.Callback, "
+    "or keep Lightning's Trainer for it"
+)
+
+# Names, by Lightning's public path. A path ending in "." answers for every name below it that has no entry.
+REGISTRY: dict[str, Answer] = {
+    "lightning.pytorch.LightningModule": _adopted("gpulayer.trainer.Module"),
+    "lightning.pytorch.LightningDataModule": _adopted("gpulayer.trainer.DataModule"),
+    "lightning.pytorch.Trainer": _different(
+        "gpulayer.trainer.Trainer", "every argument known; profiler, plugins, model_registry refused"
+    ),
+    "lightning.pytorch.Callback": _adopted("gpulayer.trainer.Callback"),
+    "lightning.pytorch.seed_everything": _adopted("gpulayer.trainer.seed_everything"),
+    "lightning.pytorch.callbacks.Checkpoint": _adopted("gpulayer.trainer.Checkpoint"),
+    "lightning.pytorch.callbacks.EarlyStopping": _different(
+        "gpulayer.callbacks.EarlyStopping", "values Lightning fails on later are refused at once"
+    ),
+    "lightning.pytorch.callbacks.ModelCheckpoint": _different(
+        "gpulayer.callbacks.ModelCheckpoint", "local paths only; values Lightning fails on later are refused at once"
+    ),
+    "lightning.pytorch.callbacks.LearningRateMonitor": _adopted("gpulayer.callbacks.LearningRateMonitor"),
+    "lightning.pytorch.loggers.CSVLogger": _different(
+        "gpulayer.trainer.CSVLogger", "rows are written at the log points and epoch ends"
+    ),
+    "lightning.pytorch.loggers.Logger": _adopted("gpulayer.trainer.Logger", "the base class of your own loggers"),
+    "lightning.pytorch.strategies.DDPStrategy": _different(
+        "gpulayer.trainer.DDPStrategy", "DDP's options; processes start under torch's elastic agent"
+    ),
+    "lightning.pytorch.strategies.FSDPStrategy": _different(
+        "gpulayer.fsdp.FSDPStrategy", "FSDP2 (pip install gpulayer-fsdp); full-state checkpoints only"
+    ),
+    "lightning.pytorch.strategies.SingleDeviceStrategy": _adopted("gpulayer.trainer.SingleDeviceStrategy"),
+    "lightning.pytorch.strategies.Strategy": _different("gpulayer.trainer.Strategy", "no plugin attributes"),
+    "lightning.pytorch.utilities.exceptions.MisconfigurationException": _adopted(
+        "gpulayer.trainer.MisconfigurationException"
+    ),
+    "lightning.pytorch.utilities.warnings.PossibleUserWarning": _adopted("gpulayer.trainer.PossibleUserWarning"),
+    "lightning.pytorch.loggers.": Answer(KEPT, _LOGGER),
+    "lightning.pytorch.callbacks.ModelSummary": Answer(KEPT, _DISPLAY),
+    "lightning.pytorch.callbacks.RichModelSummary": Answer(KEPT, _DISPLAY),
+    "lightning.pytorch.callbacks.RichProgressBar": Answer(KEPT, _DISPLAY),
+    "lightning.pytorch.callbacks.TQDMProgressBar": Answer(KEPT, _DISPLAY),
+    "lightning.pytorch.callbacks.": Answer(NOT_ADOPTED, _CALLBACK),
+    "lightning.pytorch.tuner.": Answer(
+        NOT_ADOPTED,
+        "GPUlayer has no Tuner (lr_find, scale_batch_size); sweep the learning rate or batch size with a few "
+        "short fit(max_steps=...) runs, reading trainer.callback_metrics after each",
+    ),
+    "lightning.pytorch.utilities.model_summary.": Answer(
+        NOT_ADOPTED,
+        "Lightning's model summary needs Lightning's module; use print(model), or "
+        "sum(p.numel() for p in model.parameters()) for the parameter count",
+    ),
+    "lightning.pytorch.profilers.": Answer(
+        NOT_ADOPTED, "GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself"
+    ),
+    "lightning.pytorch.plugins.": Answer(
+        NOT_ADOPTED, f"GPUlayer takes no plugins: precision= sets the precision; for anything else {_LAUNCH}"
+    ),
+    "lightning.pytorch.strategies.": Answer(
+        NOT_ADOPTED,
+        f"GPUlayer's strategies are DDP and FSDP (DeepSpeed, XLA and the others are not adopted); {_LAUNCH}",
+    ),
+    "lightning.pytorch.accelerators.": Answer(
+        NOT_ADOPTED, "GPUlayer trains on CPU and CUDA only (no TPU, IPU, HPU, MPS): use accelerator='cpu'/'gpu'/'auto'"
+    ),
+    "lightning.pytorch.cli.": Answer(
+        NOT_ADOPTED,
+        "GPUlayer has no LightningCLI; build the Trainer from your own configuration: Trainer(**config['trainer'])",
+    ),
+    "lightning.pytorch.utilities.rank_zero.": Answer(
+        NOT_ADOPTED, "GPUlayer has no rank-zero helpers; guard the code with `if trainer.is_global_zero:`"
+    ),
+    "lightning.fabric.": Answer(NOT_ADOPTED, f"GPUlayer has no Fabric; {_LAUNCH}"),
+    "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),
+}
+
+# Other public paths of the same objects: Lightning's defining modules, the `lightning` package's re-exports.
+_SAME = {
+    "lightning.LightningModule": "lightning.pytorch.LightningModule",
+    "lightning.LightningDataModule": "lightning.pytorch.LightningDataModule",
+    "lightning.Trainer": "lightning.pytorch.Trainer",
+    "lightning.Callback": "lightning.pytorch.Callback",
+    "lightning.seed_everything": "lightning.pytorch.seed_everything",
+    "lightning.Fabric": "lightning.fabric.Fabric",
+    "lightning.pytorch.core.LightningModule": "lightning.pytorch.LightningModule",
+    "lightning.pytorch.core.LightningDataModule": "lightning.pytorch.LightningDataModule",
+    "lightning.pytorch.core.module.LightningModule": "lightning.pytorch.LightningModule",
+    "lightning.pytorch.core.datamodule.LightningDataModule": "lightning.pytorch.LightningDataModule",
+    "lightning.pytorch.trainer.Trainer": "lightning.pytorch.Trainer",
+    "lightning.pytorch.trainer.trainer.Trainer": "lightning.pytorch.Trainer",
+    "lightning.pytorch.callbacks.Callback": "lightning.pytorch.Callback",
+    "lightning.pytorch.callbacks.callback.Callback": "lightning.pytorch.Callback",
+    "lightning.fabric.utilities.seed.seed_everything": "lightning.pytorch.seed_everything",
+    "lightning.fabric.utilities.exceptions.MisconfigurationException": (
+        "lightning.pytorch.utilities.exceptions.MisconfigurationException"
+    ),
+    "lightning.fabric.utilities.warnings.PossibleUserWarning": "lightning.pytorch.utilities.warnings.PossibleUserWarning",
+    "lightning.pytorch.utilities.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+}
+LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
+
+
+def public_path(dotted: str) -> str:
+    """``dotted`` under Lightning's public module path: ``pytorch_lightning`` is ``lightning.pytorch``."""
+    if dotted == "pytorch_lightning" or dotted.startswith("pytorch_lightning."):
+        dotted = "lightning.pytorch" + dotted[len("pytorch_lightning") :]
+    return _SAME.get(dotted, dotted)
+
+
+def is_lightning(dotted: str) -> bool:
+    return dotted.split(".")[0] in LIGHTNING_ROOTS
+
+
+def exact(dotted: str) -> Answer | None:
+    """The answer for exactly this name (not a module's answer for the names below it)."""
+    return REGISTRY.get(public_path(dotted))
+
+
+def answer(dotted: str) -> Answer:
+    """The answer for a Lightning name: its own, or that of the closest module above it that has one."""
+    path = public_path(dotted)
+    if path in REGISTRY:
+        return REGISTRY[path]
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:end]) + "."
+        if module in REGISTRY:
+            return REGISTRY[module]
+    return REGISTRY["lightning."]
+
+
+def renames() -> dict[str, str]:
+    """Lightning's name -> GPUlayer's, where they differ (``LightningModule`` -> ``Module``)."""
+    pairs = {(path.rsplit(".", 1)[1], a.home.rsplit(".", 1)[1]) for path, a in REGISTRY.items() if a.rewritten}
+    return {old: new for old, new in sorted(pairs) if old != new}
+
+
+class Written(str):
+    """An argument's code that is not a literal, shown as written."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def refused_trainer_argument(argument: str, value: object) -> str | None:
+    """Why GPUlayer's Trainer refuses ``argument=value``, by the Trainer's own checks, or None. A value ``Written``
+    (not a literal) is judged only for the arguments that accept None alone."""
+    literal = not isinstance(value, Written)
+    try:
+        if argument in DECLARATIONS and DECLARATIONS[argument].check is checks.unadopted:
+            checks.unadopted(argument, value, {})
+        elif literal and argument == "strategy" and isinstance(value, str):
+            check_strategy(value)
+        elif literal and argument == "accelerator" and isinstance(value, str):
+            checks.one_of(*checks.ACCELERATORS)(argument, value.lower(), {})
+    except ValueError as refused:
+        return str(refused)
+    return None

@@ -1,0 +1,250 @@
+"""``gpulayer port``: the rewrite of each form Lightning's names take in real code, the report, the exit status, and
+bad input refused before anything is written."""
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from gpulayer.trainer import port_registry as registry
+from gpulayer.trainer.port import main
+from gpulayer.trainer.port_rewrite import port_code
+
+TUNER = registry.REGISTRY["lightning.pytorch.tuner."].note
+PACKAGES = Path(__file__).resolve().parents[2]
+
+
+def test_the_command_and_its_extra_are_declared_for_gpulayer_and_its_all_extra():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    trainer = tomllib.loads((PACKAGES / "gpulayer-trainer" / "pyproject.toml").read_text())["project"]
+    module, function = trainer["entry-points"]["gpulayer.commands"]["port"].split(":")
+    assert getattr(importlib.import_module(module), function) is main
+    assert [requirement.split(">")[0] for requirement in trainer["optional-dependencies"]["port"]] == ["libcst"]
+    meta = tomllib.loads((PACKAGES / "gpulayer" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("gpulayer-trainer[") and "port" in r.split("]")[0] for r in meta["all"]), meta["all"]
+
+
+def test_each_import_form_is_rewritten_and_every_other_byte_stays():
+    source = (
+        "import os  # why os\n"
+        "import lightning as L\n"
+        "import pytorch_lightning as pl\n"
+        "from lightning.pytorch.callbacks import (\n"
+        "    EarlyStopping as Stop,\n"
+        "    LearningRateMonitor,\n"
+        ")\n"
+        "\n"
+        "\n"
+        "class Net(L.LightningModule):  # the model\n"
+        "    def  forward(self,x):   return x   # odd spacing kept\n"
+        "\n"
+        "\n"
+        "trainer = pl.Trainer(callbacks=[Stop('val'), LearningRateMonitor(),\n"
+        "    L.pytorch.callbacks.ModelCheckpoint()])\n"
+        "pl.seed_everything(0)\n"
+        "self_named = trainer.LightningModule  # an attribute of something else: not Lightning's\n"
+    )
+    ported = port_code(source)
+    assert ported.findings == []
+    assert ported.code == (
+        "import os  # why os\n"
+        "from gpulayer.callbacks import EarlyStopping as Stop, LearningRateMonitor, ModelCheckpoint\n"
+        "from gpulayer.trainer import Module, Trainer, seed_everything\n"
+        "\n"
+        "\n"
+        "class Net(Module):  # the model\n"
+        "    def  forward(self,x):   return x   # odd spacing kept\n"
+        "\n"
+        "\n"
+        "trainer = Trainer(callbacks=[Stop('val'), LearningRateMonitor(),\n"
+        "    ModelCheckpoint()])\n"
+        "seed_everything(0)\n"
+        "self_named = trainer.LightningModule  # an attribute of something else: not Lightning's\n"
+    )
+    assert port_code(ported.code).code == ported.code  # a second port changes nothing
+
+
+def test_a_dotted_import_a_local_import_and_a_taken_name():
+    source = (
+        "import lightning.pytorch\n"
+        "from torch.nn import Module\n"
+        "from lightning.pytorch import LightningModule\n"
+        "\n"
+        "class Net(LightningModule):\n"
+        "    pass\n"
+        "\n"
+        "def main():\n"
+        "    from pytorch_lightning import Trainer as T\n"
+        "    return lightning.pytorch.Trainer(), T(), Module\n"
+    )
+    assert port_code(source).code == (
+        "from gpulayer.trainer import Trainer\n"
+        "from torch.nn import Module\n"
+        "from gpulayer.trainer import Module as LightningModule\n"  # torch's Module keeps its name
+        "\n"
+        "class Net(LightningModule):\n"
+        "    pass\n"
+        "\n"
+        "def main():\n"
+        "    from gpulayer.trainer import Trainer as T\n"
+        "    return Trainer(), T(), Module\n"
+    )
+
+
+def test_a_module_imported_from_a_lightning_package_is_followed_through_its_attributes():
+    source = (
+        "from lightning.pytorch import callbacks\n"
+        "from lightning import pytorch as pl\n"
+        "c = [callbacks.ModelCheckpoint(), callbacks.RichProgressBar()]\n"
+        "m = pl.LightningModule.load_from_checkpoint('x.ckpt')\n"
+    )
+    assert port_code(source).code == (
+        "from gpulayer.callbacks import ModelCheckpoint\n"
+        "from gpulayer.trainer import Module\n"
+        "from lightning.pytorch import callbacks\n"  # still needed for the progress bar
+        "c = [ModelCheckpoint(), callbacks.RichProgressBar()]\n"
+        "m = Module.load_from_checkpoint('x.ckpt')\n"
+    )
+
+
+def test_loggers_and_display_callbacks_stay_lightnings_without_a_finding():
+    source = (
+        "from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar\n"
+        "from lightning.pytorch.loggers import TensorBoardLogger, CSVLogger\n"
+        "import lightning.pytorch as pl\n"
+        "logger = pl.loggers.WandbLogger()\n"
+        "callbacks = [RichProgressBar(), TQDMProgressBar(), ModelCheckpoint()]\n"
+    )
+    ported = port_code(source)
+    assert ported.findings == []
+    assert ported.code == (
+        "from gpulayer.callbacks import ModelCheckpoint\n"
+        "from gpulayer.trainer import CSVLogger\n"
+        "from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar\n"
+        "from lightning.pytorch.loggers import TensorBoardLogger\n"
+        "import lightning.pytorch as pl\n"
+        "logger = pl.loggers.WandbLogger()\n"
+        "callbacks = [RichProgressBar(), TQDMProgressBar(), ModelCheckpoint()]\n"
+    )
+
+
+def test_what_is_not_adopted_is_reported_and_its_import_marked_once():
+    source = (
+        "import lightning as L\n"
+        "from lightning.pytorch.tuner import Tuner  # tune\n"
+        "trainer = L.Trainer(strategy='deepspeed', profiler=None, accelerator='GPU', plugins=my_plugins)\n"
+        "Tuner(trainer)\n"
+        "cli = L.pytorch.cli.LightningCLI\n"
+    )
+    ported = port_code(source)
+    findings = [finding.format("x.py") for finding in ported.findings]
+    assert findings[0] == f"x.py:2:37: Tuner: {TUNER}"
+    assert findings[1].startswith("x.py:3:21: Trainer: strategy='deepspeed': accepted values are 'auto', ")
+    assert findings[2].startswith("x.py:3:77: Trainer: plugins=my_plugins: GPUlayer takes no plugins")
+    assert findings[3] == f"x.py:5:7: L.pytorch.cli.LightningCLI: {registry.REGISTRY['lightning.pytorch.cli.'].note}"
+    assert len(findings) == 4  # profiler=None and accelerator='GPU' are accepted
+    assert ported.code.splitlines()[:4] == [
+        "from gpulayer.trainer import Trainer",
+        f"# gpulayer port: L.pytorch.cli.LightningCLI: {registry.REGISTRY['lightning.pytorch.cli.'].note}",
+        "import lightning as L",
+        f"# gpulayer port: Tuner: {TUNER}",
+    ]
+    assert port_code(ported.code).code == ported.code  # the marks are not added twice
+
+
+def test_every_adopted_name_has_its_gpulayer_home():
+    homes = {answer.home for answer in registry.REGISTRY.values() if answer.rewritten}
+    for home in sorted(homes):
+        module, name = home.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), name), home
+    assert registry.renames() == {"LightningDataModule": "DataModule", "LightningModule": "Module"}
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "model.py").write_text("from lightning.pytorch import LightningModule\n")
+    (tmp_path / "src" / "pkg" / "tune.py").write_text("from lightning.pytorch.tuner import Tuner\n")
+    (tmp_path / "src" / "notes.txt").write_text("not python\n")
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "source": ["%matplotlib inline\n", "import lightning as L"], "metadata": {}},
+            {"cell_type": "markdown", "source": ["L.Trainer in prose"], "metadata": {}},
+            {"cell_type": "code", "source": "%%bash\necho L.Trainer", "metadata": {}},
+            {"cell_type": "code", "source": ["t = L.Trainer()\n", "f = L.fabric.Fabric()"], "metadata": {}},
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (tmp_path / "src" / "run.ipynb").write_text(json.dumps(notebook))
+    return tmp_path
+
+
+def test_a_tree_is_ported_under_out_and_the_report_says_what_is_left(project, capsys):
+    assert main([str(project / "src"), "--out", str(project / "ported")]) == 1
+    out = project / "ported" / "src"
+    assert (out / "pkg" / "model.py").read_text() == "from gpulayer.trainer import Module\n"
+    assert (out / "pkg" / "tune.py").read_text() == f"# gpulayer port: Tuner: {TUNER}\n" + (
+        "from lightning.pytorch.tuner import Tuner\n"
+    )
+    assert not (out / "notes.txt").exists()
+    cells = json.loads((out / "run.ipynb").read_text())["cells"]
+    fabric = registry.REGISTRY["lightning.fabric."].note
+    assert cells[0]["source"] == [
+        "%matplotlib inline\n",
+        "from gpulayer.trainer import Trainer\n",
+        f"# gpulayer port: L.fabric.Fabric: {fabric}\n",
+        "import lightning as L",
+    ]
+    assert cells[1:3] == json.loads((project / "src" / "run.ipynb").read_text())["cells"][1:3]
+    assert cells[3]["source"] == ["t = Trainer()\n", "f = L.fabric.Fabric()"]
+    report = capsys.readouterr().out.splitlines()
+    assert report == [
+        f"{project / 'src' / 'pkg' / 'tune.py'}:1:37: Tuner: {TUNER}",
+        f"{project / 'src' / 'run.ipynb'}[cell 4]:2:5: L.fabric.Fabric: {fabric}",
+    ]
+
+
+def test_in_place_and_check(project):
+    model = project / "src" / "pkg" / "model.py"
+    assert main([str(model), "--check"]) == 0
+    assert model.read_text() == "from lightning.pytorch import LightningModule\n"
+    assert main([str(model), "--in-place"]) == 0
+    assert model.read_text() == "from gpulayer.trainer import Module\n"
+
+
+def test_a_file_that_cannot_be_parsed_is_named_and_left_as_it_is(project, capsys):
+    broken = project / "src" / "pkg" / "broken.py"
+    broken.write_text("from lightning.pytorch import Trainer\ndef f(:\n")
+    assert main([str(project / "src" / "pkg"), "--in-place"]) == 2
+    assert broken.read_text() == "from lightning.pytorch import Trainer\ndef f(:\n"
+    assert (project / "src" / "pkg" / "model.py").read_text() == "from gpulayer.trainer import Module\n"
+    error = capsys.readouterr().err
+    assert f"{broken}: cannot be parsed: Syntax Error @ 2:" in error
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["missing.py", "--check"], "missing.py: no such file or folder"),
+        (
+            ["src/notes.txt", "--check"],
+            "src/notes.txt: not a Python file or notebook (accepted: .py, .ipynb or a folder)",
+        ),
+        (["src/bad.ipynb", "--check"], "src/bad.ipynb: a notebook must be JSON"),
+        (["src", "--out", "src/pkg/out"], "--out src/pkg/out is inside the source folder src"),
+    ],
+)
+def test_bad_input_is_refused_by_name_before_anything_is_written(project, monkeypatch, capsys, arguments, message):
+    monkeypatch.chdir(project)
+    (project / "src" / "bad.ipynb").write_text("{not json")
+    with pytest.raises(SystemExit) as refused:
+        main(["src/pkg/model.py", *arguments[:-1], "--in-place"] if "--check" in arguments else arguments)
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+    assert (project / "src" / "pkg" / "model.py").read_text() == "from lightning.pytorch import LightningModule\n"
+    assert not (project / "src" / "pkg" / "out").exists()

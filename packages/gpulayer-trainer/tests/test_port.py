@@ -67,6 +67,26 @@ def test_each_import_form_is_rewritten_and_every_other_byte_stays():
     assert port_code(ported.code).code == ported.code  # a second port changes nothing
 
 
+def test_the_comments_of_a_replaced_import_stay():
+    """A comment on a one-line import stays on its replacement (a ``# noqa`` keeps working); the comments of lines
+    merged into one block go above it."""
+    assert port_code("from lightning.pytorch import Trainer  # noqa: F401\n").code == (
+        "from gpulayer.trainer import Trainer  # noqa: F401\n"
+    )
+    source = (
+        "from pytorch_lightning.callbacks import EarlyStopping as ES  # patience from the config\n"
+        "from lightning.pytorch.callbacks import (\n"
+        "    ModelCheckpoint,  # the best two\n"
+        "    LearningRateMonitor,\n"
+        ")\n"
+    )
+    assert port_code(source).code == (
+        "# patience from the config\n"
+        "# the best two\n"
+        "from gpulayer.callbacks import EarlyStopping as ES, LearningRateMonitor, ModelCheckpoint\n"
+    )
+
+
 def test_a_dotted_import_a_local_import_and_a_taken_name():
     source = (
         "import lightning.pytorch\n"

@@ -235,6 +235,7 @@ class _Rewrite(cst.CSTTransformer):
         """Consecutive lines with Lightning imports: GPUlayer's imports first, sorted, then what stays of them."""
         imports: set[tuple[str, str, str]] = set()
         kept: list[cst.SimpleStatementLine] = []
+        carried: list[str] = []  # the comments of lines replaced whole (a "# noqa", a note in parentheses)
         lead = run[0].leading_lines  # the blank lines and comments above the run stay above it
         run[0] = run[0].with_changes(leading_lines=())
         for line in run:
@@ -249,10 +250,29 @@ class _Rewrite(cst.CSTTransformer):
                     smalls.append(remaining)
             if smalls:
                 kept.append(_with_comments(line.with_changes(body=_last_without_semicolon(smalls)), comments, lead))
+            else:
+                carried += _comments_in(line)
         added = [_import_line(module, names) for module, names in _by_module(imports)]
+        trailing = run[-1].trailing_whitespace
+        if added and len(run) == 1 and carried == [trailing.comment.value if trailing.comment else None]:
+            added[-1] = added[-1].with_changes(trailing_whitespace=trailing)  # one line: its comment stays on it
+        elif added and carried:
+            added[0] = added[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(c)) for c in carried])
         lines = added + kept
         lines[0] = lines[0].with_changes(leading_lines=[*lead, *lines[0].leading_lines])
         return lines
+
+
+def _comments_in(node: cst.CSTNode) -> list[str]:
+    """The comments written inside ``node`` (its own leading lines excluded by the caller)."""
+    found: list[str] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Comment(self, comment: cst.Comment) -> None:
+            found.append(comment.value)
+
+    node.visit(Collect())
+    return found
 
 
 def _without(small: cst.BaseSmallStatement, dropped: set[str]) -> cst.BaseSmallStatement | None:

@@ -219,10 +219,8 @@ def _without_saves_after_evaluation_steps(calls):
 
 
 def _checkpoint(ours, **options):
-    if ours:
-        from gpulayer.callbacks import ModelCheckpoint
-
-        return ModelCheckpoint(**options)
+    if ours:  # gpulayer-callbacks sits above the trainer: its tests alone (CI's isolation step) skip this one
+        return pytest.importorskip("gpulayer.callbacks").ModelCheckpoint(**options)
     return lightning.callbacks.ModelCheckpoint(**options)
 
 

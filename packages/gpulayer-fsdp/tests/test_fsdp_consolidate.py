@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
-from gpulayer.fsdp.consolidate import consolidate, main
+from gpulayer.fsdp.consolidate import by_index, consolidate, main
 from gpulayer.runtime.testing import run_ranks
 
 from .conftest import packed, unpacked
@@ -207,6 +207,20 @@ def test_bad_paths_are_refused_naming_them_before_anything_is_written(folder, tm
     assert output.read_bytes() == b"keep"
     assert main([str(sharded), "-o", str(output), "--force"]) == 0
     assert torch.load(output, weights_only=True)["global_step"] == STEPS
+
+
+def test_optimizer_state_by_name_is_numbered_by_its_place_in_param_groups():
+    groups = [{"params": ["b", "a"], "lr": 0.1}, {"params": ["c"], "lr": 0.2}]
+    moments = {"a": {"momentum_buffer": torch.ones(1)}, "c": {"momentum_buffer": torch.zeros(1)}}  # b: none yet
+    _assert_bit_equal(
+        by_index({"state": moments, "param_groups": groups}),
+        {
+            "state": {1: moments["a"], 2: moments["c"]},
+            "param_groups": [{"params": [0, 1], "lr": 0.1}, {"params": [2], "lr": 0.2}],
+        },
+    )
+    indexed = {"state": {0: moments["a"]}, "param_groups": [{"params": [0, 1], "lr": 0.1}]}
+    assert by_index(indexed) is indexed  # already Optimizer.state_dict()'s form
 
 
 def test_the_command_is_declared_for_gpulayer():

@@ -10,6 +10,7 @@ ranks gathered; everything else runs in this process.
 import importlib
 import runpy
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -228,3 +229,15 @@ def test_the_command_is_declared_for_gpulayer():
     fsdp = tomllib.loads((PACKAGES / "gpulayer-fsdp" / "pyproject.toml").read_text())["project"]
     module, function = fsdp["entry-points"]["gpulayer.commands"]["consolidate"].split(":")
     assert getattr(importlib.import_module(module), function) is main
+
+
+def test_the_installed_gpulayer_command_runs_it(tmp_path):
+    """``gpulayer consolidate`` through the installed entry point: a path that is no folder is refused by name."""
+    command = Path(sys.executable).with_name("gpulayer")
+    missing = tmp_path / "missing.ckpt"
+    done = subprocess.run(
+        [command, "consolidate", missing, "-o", tmp_path / "one.ckpt"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert f"{missing} is not a folder" in done.stderr
+    assert not (tmp_path / "one.ckpt").exists()

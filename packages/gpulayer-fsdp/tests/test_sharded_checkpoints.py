@@ -172,3 +172,31 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_and_no_folder_taken
     )
     assert not list(folder.glob("*.ckpt.partial/meta.pt"))  # meta.pt was being written: never in place
     assert records["swept"] == []  # the 4-rank save into the same folder removed it (its writer is dead)
+
+
+def test_state_dict_type_accepts_full_and_sharded_only():
+    assert FSDPStrategy().state_dict_type == "full"
+    with pytest.raises(ValueError, match=r"state_dict_type='shards'.*'full'.*'sharded'"):
+        FSDPStrategy(state_dict_type="shards")
+
+
+@pytest.mark.parametrize("present", [[], ["meta.pt"], [".metadata"]])
+def test_a_folder_without_metadata_or_meta_pt_is_refused_before_any_weight_is_touched(tmp_path, present):
+    folder = tmp_path / "broken.ckpt"
+    folder.mkdir()
+    for name in present:
+        (folder / name).write_bytes(b"")  # present, but the folder is refused before either is read
+    model = make_model(KIND)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    trainer = gl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path))
+    missing = " and no ".join(name for name in (".metadata", "meta.pt") if name not in present)
+    with pytest.raises(FileNotFoundError, match=f"refused to load {folder}: .*this one has no {missing}$"):
+        trainer.fit(model, loader(KIND, 0, 1), ckpt_path=str(folder))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_load_from_checkpoint_refuses_a_folder_and_says_what_to_do(tmp_path):
+    (tmp_path / "sharded.ckpt").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"sharded\.ckpt: it is a folder .*consolidate it into one file first"):
+        type(make_model(KIND)).load_from_checkpoint(tmp_path / "sharded.ckpt")

@@ -68,10 +68,42 @@ def _two_ranks(runtime, folder: str) -> None:
     records = {"first": first, "files": sorted(os.listdir(folder / "two.ckpt"))}
     records["resumed"], trainer = _fit(folder / "resumed", rank, 2, 3, ckpt_path=str(folder / "two.ckpt"))
     records["unbroken"], _ = _fit(folder / "unbroken", rank, 2, 3)
+    records["save memory"] = _peak_memory_of_a_sharded_save(folder / "wide.ckpt")
     if rank == 0:
         (folder / "two.pt").write_bytes(packed(records))
         trainer.callbacks.append(_KillWhileSaving())
     trainer.save_checkpoint(str(folder / "two.ckpt"))
+
+
+class _Wide(gl.Module):
+    """One 4096 x 4096 layer under AdamW: 201 MB of full state (weights and two moments), 100 MB per rank of 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4096, 4096, bias=False)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+
+def _peak_memory_of_a_sharded_save(path: Path) -> dict:
+    """How far this rank's resident memory rose above its level before ``save_checkpoint`` at its peak during it
+    (Linux: writing 5 to ``/proc/self/clear_refs`` resets the peak, ``VmHWM``), against the full state's bytes."""
+    trainer = gl.Trainer(devices=2, strategy=_sharded(), max_steps=1, logger=False, enable_checkpointing=False)
+    trainer.fit(_Wide(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2, 4096))))
+    full = 3 * 4096 * 4096 * 4
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _memory_kib("VmRSS")
+    trainer.save_checkpoint(str(path))
+    return {"rise": (_memory_kib("VmHWM") - before) * 1024, "full state": full}
+
+
+def _memory_kib(field: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith(field + ":")))
 
 
 class _KillWhileSaving(gl.Callback):
@@ -143,6 +175,16 @@ def test_a_sharded_save_writes_lightnings_folder(runs):
     } & meta.keys()
     keys = dcp.FileSystemReader(str(folder / "four.ckpt")).read_metadata().state_dict_metadata
     assert "model.head.weight" in keys and "optimizer_0.state.head.weight.exp_avg" in keys
+
+
+@pytest.mark.multiprocess
+def test_a_rank_saving_its_shards_holds_far_less_than_the_full_state(runs):
+    """Measured on rank 0 of 2 (which also writes ``meta.pt``): the rise of its resident memory during the save."""
+    memory = runs[1]["save memory"]
+    print(
+        f"peak rise during a sharded save: {memory['rise'] / 2**20:.1f} MiB; full state {memory['full state'] / 2**20:.0f} MiB"
+    )
+    assert memory["rise"] < memory["full state"] / 4
 
 
 @pytest.mark.multiprocess

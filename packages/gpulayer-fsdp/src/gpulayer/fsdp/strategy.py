@@ -124,7 +124,7 @@ class FSDPStrategy(Strategy):
         sharded = self._sharded_module
         if sharded is None:
             return super().lightning_module_state_dict()
-        return sharded_folder.model_state(sharded.module) if self._saves_shards else sharded.state_dict()
+        return sharded_folder.model_state(sharded.module) if self.saves_on_every_rank else sharded.state_dict()
 
     def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         sharded = self._sharded_module  # before a first stage shards the module, its full weights load as they are
@@ -137,7 +137,7 @@ class FSDPStrategy(Strategy):
         sharded = self._sharded_module
         if sharded is None:
             return super().optimizer_state(optimizer)
-        if self._saves_shards:
+        if self.saves_on_every_rank:
             return sharded_folder.optimizer_state(sharded.module, optimizer)
         return sharded.optimizer_state_dict(optimizer)
 
@@ -149,12 +149,13 @@ class FSDPStrategy(Strategy):
             sharded.load_optimizer_state_dict(optimizer, state)
 
     @property
-    def _saves_shards(self) -> bool:
+    def saves_on_every_rank(self) -> bool:
+        """``"sharded"`` with a sharded module: every rank writes its shards (an unsharded one saves in full)."""
         return self.state_dict_type == "sharded" and self._sharded_module is not None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
         """``"sharded"``: every rank writes its shards into the folder ``filepath``; else rank 0 writes one file."""
-        if self._saves_shards:
+        if self.saves_on_every_rank:
             sharded_checkpoint.save(checkpoint, filepath, self.runtime)
         else:
             super().save_checkpoint(checkpoint, filepath)

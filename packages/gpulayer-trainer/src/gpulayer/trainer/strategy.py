@@ -205,10 +205,15 @@ class Strategy:
         else:
             optimizer.load_state_dict(state)
 
+    @property
+    def saves_on_every_rank(self) -> bool:
+        """Whether every rank writes part of a checkpoint (a sharded one), or global rank 0 alone writes it."""
+        return False
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
-        """Write ``checkpoint`` to ``filepath``: global rank 0 writes one file atomically, the others return."""
-        if self.is_global_zero:
-            checkpoint_io.save_atomic(checkpoint, filepath)
+        """Write ``checkpoint`` to ``filepath`` atomically: called on global rank 0, or on every rank where
+        ``saves_on_every_rank``."""
+        checkpoint_io.save_atomic(checkpoint, filepath)
 
     def load_checkpoint(self, path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
         """The checkpoint at ``path``, read on every rank. A sharded folder gives its ``meta.pt``: its weights load

@@ -255,7 +255,9 @@ class Trainer(TrainerProperties):
             raise AttributeError(
                 "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"
             )
-        self.strategy.save_checkpoint(dump_checkpoint(self, weights_only=bool(weights_only)), filepath)
+        checkpoint = dump_checkpoint(self, weights_only=bool(weights_only))
+        if self.is_global_zero or self.strategy.saves_on_every_rank:
+            self.strategy.save_checkpoint(checkpoint, filepath)
 
     @contextlib.contextmanager
     def init_module(self, empty_init: bool | None = None) -> Iterator[None]:

@@ -27,7 +27,7 @@ def _sharded() -> FSDPStrategy:
     return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="sharded")
 
 
-def _fit(folder: Path, rank: int, world_size: int, max_epochs: int, save: str | None = None, **options):
+def _fit(folder: Path, rank: int, world_size: int, max_epochs: int, save: str | None = None, callbacks=(), **options):
     """Train on ``world_size`` ranks (the same global batches on any world size: ``loader``), sharded FSDP on 2 or
     more, one process on 1; ``save`` names the folder written after ``fit``. Returns rank 0's full weights and
     AdamW state, the world-size warnings, and the Trainer."""
@@ -37,7 +37,8 @@ def _fit(folder: Path, rank: int, world_size: int, max_epochs: int, save: str | 
         max_epochs=max_epochs,
         default_root_dir=str(folder),
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
     )
@@ -69,6 +70,8 @@ def _two_ranks(runtime, folder: str) -> None:
     records["resumed"], trainer = _fit(folder / "resumed", rank, 2, 3, ckpt_path=str(folder / "two.ckpt"))
     records["unbroken"], _ = _fit(folder / "unbroken", rank, 2, 3)
     records["save memory"] = _peak_memory_of_a_sharded_save(folder / "wide.ckpt")
+    records["model checkpoint"] = _model_checkpoint_folders(folder, rank)
+    records["switches"] = _switches(folder / "switch.ckpt", rank)
     if rank == 0:
         (folder / "two.pt").write_bytes(packed(records))
         trainer.callbacks.append(_KillWhileSaving())
@@ -87,6 +90,40 @@ class _Wide(gl.Module):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters())
+
+
+def _model_checkpoint_folders(folder: Path, rank: int) -> dict | None:
+    """``ModelCheckpoint`` keeping the top 2 by ``train_loss`` and ``last`` over 3 epochs, and one with
+    ``save_weights_only``: what each leaves in its folder (None without gpulayer-callbacks)."""
+    try:
+        from gpulayer.callbacks import ModelCheckpoint
+    except ImportError:
+        return None
+    found = {}
+    for name, options in (("top 2", dict(save_top_k=2, monitor="train_loss", save_last=True)), ("weights", {})):
+        dirpath = folder / f"model-checkpoint-{name}"
+        callback = ModelCheckpoint(dirpath=str(dirpath), save_weights_only=name == "weights", **options)
+        _fit(folder / name, rank, 2, 3 if name == "top 2" else 1, callbacks=[callback])
+        found[name] = {
+            entry: sorted(os.listdir(dirpath / entry)) if (dirpath / entry).is_dir() else "file"
+            for entry in sorted(os.listdir(dirpath))
+        }
+        first = dirpath / sorted(os.listdir(dirpath))[0]
+        found[name + " keys"] = list(dcp.FileSystemReader(str(first)).read_metadata().state_dict_metadata)
+    return found
+
+
+def _switches(path: Path, rank: int) -> list[str]:
+    """One path saved full, then sharded over it, then full again: what lies there after each save."""
+    kinds = []
+    for state_dict_type in ("full", "sharded", "full"):
+        strategy = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type=state_dict_type)
+        trainer = gl.Trainer(devices=2, strategy=strategy, max_steps=1, logger=False, enable_checkpointing=False)
+        trainer.fit(make_model(KIND), loader(KIND, rank, 2))
+        trainer.save_checkpoint(str(path))
+        trainer.strategy.barrier()
+        kinds.append("folder" if path.is_dir() else "file")
+    return kinds
 
 
 def _peak_memory_of_a_sharded_save(path: Path) -> dict:
@@ -139,8 +176,9 @@ def _four_to_two(runtime, folder: str) -> bytes:
 def runs(tmp_path_factory) -> tuple[Path, dict]:
     """Three spawns (2 ranks, 4, then 2) and 2 -> 1 in this process: the folder and rank 0's records."""
     folder = tmp_path_factory.mktemp("sharded")
-    with pytest.raises(RankFailedError):  # rank 0 died; rank 1 may first see its peer gone
+    with pytest.raises(RankFailedError) as failed:  # rank 0 died; rank 1 may first see its peer gone
         run_ranks(_two_ranks, str(folder), timeout=240)
+    assert (folder / "two.pt").is_file(), f"the ranks failed before the killed save:\n{failed.value}"
     records = unpacked([(folder / "two.pt").read_bytes()])[0]
     records["leftovers"] = sorted(name for name in os.listdir(folder) if checkpoint_io.is_temporary(name))
     records["leftover files"] = [sorted(os.listdir(folder / name)) for name in records["leftovers"]]
@@ -185,6 +223,27 @@ def test_a_rank_saving_its_shards_holds_far_less_than_the_full_state(runs):
         f"peak rise during a sharded save: {memory['rise'] / 2**20:.1f} MiB; full state {memory['full state'] / 2**20:.0f} MiB"
     )
     assert memory["rise"] < memory["full state"] / 4
+
+
+@pytest.mark.multiprocess
+def test_model_checkpoint_keeps_top_k_and_last_as_folders(runs):
+    """Three epochs, top 2 by ``train_loss``: two epoch folders and ``last.ckpt`` remain (the third removed on rank
+    0 after every rank wrote); ``save_weights_only`` writes no optimizer state."""
+    found = runs[1]["model checkpoint"]
+    if found is None:
+        pytest.skip("gpulayer-callbacks is not installed")
+    layout = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    assert len(found["top 2"]) == 3 and "last.ckpt" in found["top 2"]
+    assert all(files == layout for files in found["top 2"].values())
+    assert list(found["weights"].values()) == [layout]
+    assert any(key.startswith("optimizer_0.") for key in found["top 2 keys"])
+    assert not any(key.startswith("optimizer_") for key in found["weights keys"])
+
+
+@pytest.mark.multiprocess
+def test_switching_between_full_and_sharded_replaces_what_is_at_the_path(runs):
+    """As Lightning: a sharded save replaces a file at its path, a full save a sharded folder (here atomically)."""
+    assert runs[1]["switches"] == ["file", "folder", "file"]
 
 
 @pytest.mark.multiprocess

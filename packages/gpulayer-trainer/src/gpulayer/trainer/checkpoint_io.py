@@ -56,6 +56,7 @@ class NotACheckpointError(DamagedCheckpointError, pickle.UnpicklingError):
     """The file is not a checkpoint: not a format ``torch.save`` writes, or not a dict."""
 
 
+METADATA_FILENAME = "meta.pt"  # a sharded folder's non-tensor state (lightning/fabric/utilities/load.py)
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt.partial"
 _OLD_TEMPORARY_SUFFIX = ".ckpt"  # the name until 2026-12-04, which ``*.ckpt`` matched; an upgraded run may leave some
 _AT_FDCWD = -100  # renameat2's "relative to the current directory"
@@ -73,6 +74,9 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     """``torch.save`` to ``path`` via a temporary file and a rename; the folder is created if missing, and the
     temporaries that dead writers left in it are removed."""
     path = os.fspath(path)
+    replaced_folder = os.path.isdir(path) and not os.path.islink(path)
+    if replaced_folder and not is_sharded_checkpoint(path):  # Lightning's error
+        raise IsADirectoryError(f"The checkpoint path exists and is a directory: {path}")
     folder = os.path.dirname(os.path.abspath(path))
     make_folders(folder)
     remove_dead_temporaries(folder)
@@ -80,8 +84,17 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         torch.save(checkpoint, file)
         file.flush()
         os.fsync(file.fileno())
-        os.replace(temporary, path)  # under the lock: a sweeper must not take a finished file for a dead one
+        # Under the lock: a sweeper must not take a finished file for a dead one. A sharded checkpoint there (a
+        # run switched to "full") is swapped out in the same single step, as a folder save swaps out a file.
+        _exchange(temporary, path) if replaced_folder else os.replace(temporary, path)
+    if replaced_folder:
+        shutil.rmtree(temporary)
     _fsync_folder(folder)
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Lightning's ``_is_sharded_checkpoint``: a folder holding ``meta.pt``."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILENAME))
 
 
 def remove_dead_temporaries(folder: str) -> list[str]:

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint_io import METADATA_FILENAME
 
-METADATA_FILENAME = "meta.pt"  # Lightning's _METADATA_FILENAME (lightning/fabric/utilities/load.py)
 DCP_METADATA = ".metadata"
 SHARDED = StateDictOptions(full_state_dict=False)  # each rank's own part: its shards, or the whole plain tensor
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp")
@@ -40,11 +40,6 @@ class ShardedOptimizerState:
 
     folder: str
     key: str
-
-
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """Lightning's ``_is_sharded_checkpoint``: a folder holding ``meta.pt``."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILENAME))
 
 
 def model_state(module: nn.Module) -> dict[str, Any]:

@@ -301,3 +301,14 @@ def test_load_from_checkpoint_refuses_a_folder_and_says_what_to_do(tmp_path):
     (tmp_path / "sharded.ckpt").mkdir()
     with pytest.raises(IsADirectoryError, match=r"sharded\.ckpt: it is a folder .*consolidate it into one file first"):
         type(make_model(KIND)).load_from_checkpoint(tmp_path / "sharded.ckpt")
+
+
+def test_a_full_save_swaps_out_a_sharded_folder_and_refuses_any_other_folder(tmp_path):
+    (tmp_path / "sharded.ckpt").mkdir()
+    (tmp_path / "sharded.ckpt" / "meta.pt").write_bytes(b"")
+    checkpoint_io.save_atomic({"epoch": 1}, tmp_path / "sharded.ckpt")
+    assert checkpoint_io.load(tmp_path / "sharded.ckpt") == {"epoch": 1}
+    assert not [name for name in os.listdir(tmp_path) if checkpoint_io.is_temporary(name)]
+    (tmp_path / "plain.ckpt").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"The checkpoint path exists and is a directory: .*plain\.ckpt"):
+        checkpoint_io.save_atomic({"epoch": 1}, tmp_path / "plain.ckpt")

@@ -312,3 +312,13 @@ def test_a_full_save_swaps_out_a_sharded_folder_and_refuses_any_other_folder(tmp
     (tmp_path / "plain.ckpt").mkdir()
     with pytest.raises(IsADirectoryError, match=r"The checkpoint path exists and is a directory: .*plain\.ckpt"):
         checkpoint_io.save_atomic({"epoch": 1}, tmp_path / "plain.ckpt")
+
+
+def test_a_folder_published_over_a_last_link_replaces_the_link_and_keeps_its_target(tmp_path):
+    (tmp_path / "epoch=0.ckpt").mkdir()
+    (tmp_path / "last.ckpt").symlink_to("epoch=0.ckpt")
+    with checkpoint_io.locked_temporary_folder(tmp_path) as temporary:
+        Path(temporary, "meta.pt").write_bytes(b"new")
+        checkpoint_io.publish_folder(temporary, tmp_path / "last.ckpt")
+    assert not (tmp_path / "last.ckpt").is_symlink() and (tmp_path / "last.ckpt" / "meta.pt").read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0.ckpt", "last.ckpt"]

@@ -27,7 +27,10 @@ def save(checkpoint: dict[str, Any], path: str | os.PathLike, runtime: Any) -> N
     the folder at ``path`` once DCP has collected every rank's result."""
     path = os.path.abspath(os.fspath(runtime.broadcast(os.fspath(path))))
     if os.path.isdir(path) and not is_sharded_checkpoint(path):
-        raise IsADirectoryError(f"save_checkpoint({path!r}): a folder that is not a sharded checkpoint is there")
+        raise IsADirectoryError(
+            f"save_checkpoint({path!r}): a folder that is not a sharded checkpoint (no {METADATA_FILENAME}) is "
+            "there, and a save replaces only a checkpoint; choose another path"
+        )
     shards = {"model": checkpoint.pop("state_dict")}
     shards.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
     if runtime.is_global_zero:

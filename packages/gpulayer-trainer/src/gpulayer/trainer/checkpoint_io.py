@@ -180,7 +180,7 @@ def publish_folder(temporary: str, path: str | os.PathLike) -> None:
     _fsync_tree(temporary)
     if os.path.lexists(path):
         _exchange(temporary, path)  # the old checkpoint now lies at the temporary name, which no pattern matches
-        shutil.rmtree(temporary) if os.path.isdir(temporary) else os.unlink(temporary)
+        shutil.rmtree(temporary) if os.path.isdir(temporary) and not os.path.islink(temporary) else os.unlink(temporary)
     else:
         os.rename(temporary, path)
     _fsync_folder(os.path.dirname(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpulayer.fsdp import sharded_checkpoint
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
+from gpulayer.trainer import sharded_folder
 from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
 Policy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
@@ -30,7 +33,9 @@ class FSDPStrategy(Strategy):
     ``shard_model(module, mesh)`` replaces the policy: it calls ``fully_shard`` itself (the root is still added).
     ``reshard_after_forward`` is FSDP2's: True frees a unit's gathered parameters after its forward and gathers them
     again in backward, False keeps them until backward, None (torch's default) is True except for the root.
-    ``timeout`` bounds every collective, as in ``DDPStrategy``.
+    ``timeout`` bounds every collective, as in ``DDPStrategy``. ``state_dict_type`` is Lightning's: ``"full"``
+    saves one file gathered on rank 0, ``"sharded"`` a folder of each rank's shards (``sharded_checkpoint.py``);
+    either kind loads whatever the setting.
     """
 
     strategy_name = "fsdp"
@@ -45,7 +50,13 @@ class FSDPStrategy(Strategy):
         reshard_after_forward: bool | None = None,
         shard_model: ShardFunction | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        state_dict_type: str = "full",
     ) -> None:
+        if state_dict_type not in ("full", "sharded"):
+            raise ValueError(
+                f"FSDPStrategy(state_dict_type={state_dict_type!r}): accepted values are 'full' (one file, gathered "
+                "on rank 0) and 'sharded' (a folder of each rank's shards)"
+            )
         if auto_wrap_policy is not None and shard_model is not None:
             raise ValueError("FSDPStrategy(auto_wrap_policy=..., shard_model=...): pass one of them, not both")
         if shard_model is not None and not callable(shard_model):
@@ -60,6 +71,8 @@ class FSDPStrategy(Strategy):
         self.reshard_after_forward = reshard_after_forward
         self.shard_model = shard_model
         self.timeout = as_timeout(timeout, "FSDPStrategy")
+        self.state_dict_type = state_dict_type
+        self._folder_to_load: tuple[str, bool] | None = None  # a sharded checkpoint's model, read once sharded
         self._sharded: weakref.WeakKeyDictionary[nn.Module, FullyShardedModule] = weakref.WeakKeyDictionary()
 
     def check_world_size(self, world_size: int) -> None:
@@ -89,6 +102,10 @@ class FSDPStrategy(Strategy):
             super().setup_module()
             module = self.lightning_module
             self._sharded[module] = shard(module, self, self.root_device, self.precision_plugin.name)
+        if self._folder_to_load is not None:
+            folder, strict = self._folder_to_load
+            self._folder_to_load = None
+            sharded_folder.load_model(self.lightning_module, folder, strict)
 
     def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
         return functools.partial(self._sharded_module.root, step)
@@ -105,7 +122,9 @@ class FSDPStrategy(Strategy):
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         sharded = self._sharded_module
-        return super().lightning_module_state_dict() if sharded is None else sharded.state_dict()
+        if sharded is None:
+            return super().lightning_module_state_dict()
+        return sharded_folder.model_state(sharded.module) if self.saves_on_every_rank else sharded.state_dict()
 
     def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         sharded = self._sharded_module  # before a first stage shards the module, its full weights load as they are
@@ -116,20 +135,41 @@ class FSDPStrategy(Strategy):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         sharded = self._sharded_module
-        return super().optimizer_state(optimizer) if sharded is None else sharded.optimizer_state_dict(optimizer)
-
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        sharded = self._sharded_module
         if sharded is None:
+            return super().optimizer_state(optimizer)
+        if self.saves_on_every_rank:
+            return sharded_folder.optimizer_state(sharded.module, optimizer)
+        return sharded.optimizer_state_dict(optimizer)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
+        sharded = self._sharded_module
+        if sharded is None or isinstance(state, sharded_folder.ShardedOptimizerState):
             super().load_optimizer_state_dict(optimizer, state)
         else:
             sharded.load_optimizer_state_dict(optimizer, state)
+
+    @property
+    def saves_on_every_rank(self) -> bool:
+        """``"sharded"`` with a sharded module: every rank writes its shards (an unsharded one saves in full)."""
+        return self.state_dict_type == "sharded" and self._sharded_module is not None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
+        """``"sharded"``: every rank writes its shards into the folder ``filepath``; else rank 0 writes one file."""
+        if self.saves_on_every_rank:
+            sharded_checkpoint.save(checkpoint, filepath, self.runtime)
+        else:
+            super().save_checkpoint(checkpoint, filepath)
+
+    def load_folder_weights(self, path: str, strict: bool) -> None:
+        """Each rank's shards are read once the module is sharded (``setup_module``), not into the whole module."""
+        self._folder_to_load = (path, strict)
 
     def __repr__(self) -> str:
         options = {
             "auto_wrap_policy": self.auto_wrap_policy,
             "reshard_after_forward": self.reshard_after_forward,
             "shard_model": self.shard_model,
+            "state_dict_type": None if self.state_dict_type == "full" else self.state_dict_type,
         }
         shown = {name: value for name, value in options.items() if value is not None}
         return f"FSDPStrategy({', '.join(f'{name}={value!r}' for name, value in shown.items())})"

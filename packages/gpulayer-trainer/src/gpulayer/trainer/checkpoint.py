@@ -96,7 +96,10 @@ def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) 
     """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
     module, datamodule = trainer.lightning_module, trainer.datamodule
     trainer._hooks.module("on_load_checkpoint", checkpoint)
-    trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=module.strict_loading)
+    if (
+        "state_dict" in checkpoint
+    ):  # a sharded checkpoint's weights load into the shards (the strategy's load_checkpoint)
+        trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=module.strict_loading)
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     states = checkpoint.get("callbacks", {})

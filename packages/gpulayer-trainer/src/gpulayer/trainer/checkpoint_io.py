@@ -7,15 +7,19 @@ dies with the writer: the next save into the folder removes the temporaries nobo
 writer (another job sharing the folder) is still writing. Reads use ``torch.load(weights_only=True)``: only
 tensors and plain Python values are rebuilt; a file holding anything else is refused, naming the type, unless
 the caller says the file is trusted. A file that is empty, truncated or no checkpoint at all is refused as such:
-trusting it would not help.
+trusting it would not help. A sharded checkpoint (a folder) is written the same way: into a locked temporary
+folder of that name, swapped into place once complete (ADR 0024).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -52,8 +56,10 @@ class NotACheckpointError(DamagedCheckpointError, pickle.UnpicklingError):
     """The file is not a checkpoint: not a format ``torch.save`` writes, or not a dict."""
 
 
+METADATA_FILENAME = "meta.pt"  # a sharded folder's non-tensor state (lightning/fabric/utilities/load.py)
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt.partial"
 _OLD_TEMPORARY_SUFFIX = ".ckpt"  # the name until 2026-12-04, which ``*.ckpt`` matched; an upgraded run may leave some
+_AT_FDCWD = -100  # renameat2's "relative to the current directory"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6 is a zip archive
 # The older format opens with the pickled magic number: b"\x80", the pickle protocol, then this.
 _LEGACY_MAGIC = b"\x8a\n" + torch.serialization.MAGIC_NUMBER.to_bytes(10, "little")
@@ -68,6 +74,9 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     """``torch.save`` to ``path`` via a temporary file and a rename; the folder is created if missing, and the
     temporaries that dead writers left in it are removed."""
     path = os.fspath(path)
+    replaced_folder = os.path.isdir(path) and not os.path.islink(path)
+    if replaced_folder and not is_sharded_checkpoint(path):  # Lightning's error
+        raise IsADirectoryError(f"The checkpoint path exists and is a directory: {path}")
     folder = os.path.dirname(os.path.abspath(path))
     make_folders(folder)
     remove_dead_temporaries(folder)
@@ -75,12 +84,17 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         torch.save(checkpoint, file)
         file.flush()
         os.fsync(file.fileno())
-        os.replace(temporary, path)  # under the lock: a sweeper must not take a finished file for a dead one
-    directory = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        # Under the lock: a sweeper must not take a finished file for a dead one. A sharded checkpoint there (a
+        # run switched to "full") is swapped out in the same single step, as a folder save swaps out a file.
+        _exchange(temporary, path) if replaced_folder else os.replace(temporary, path)
+    if replaced_folder:
+        shutil.rmtree(temporary)
+    _fsync_folder(folder)
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Lightning's ``_is_sharded_checkpoint``: a folder holding ``meta.pt``."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILENAME))
 
 
 def remove_dead_temporaries(folder: str) -> list[str]:
@@ -95,8 +109,9 @@ def remove_dead_temporaries(folder: str) -> list[str]:
     removed = []
     for name in names:
         path = os.path.join(folder, name)
-        try:
-            handle = os.open(path, os.O_RDWR)  # read-write: NFS grants exclusive locks only to writers
+        folder_ = os.path.isdir(path) and not os.path.islink(path)
+        try:  # read-write: NFS grants exclusive locks only to writers (a folder opens read-only)
+            handle = os.open(path, os.O_RDONLY if folder_ else os.O_RDWR)
         except OSError:  # renamed or removed meanwhile, or not ours to open
             continue
         try:
@@ -106,7 +121,7 @@ def remove_dead_temporaries(folder: str) -> list[str]:
             continue
         try:
             if os.path.samestat(os.fstat(handle), os.stat(path)):  # not renamed by a writer that just finished
-                os.unlink(path)
+                shutil.rmtree(path, ignore_errors=True) if folder_ else os.unlink(path)
                 removed.append(name)
         except FileNotFoundError:
             pass
@@ -134,10 +149,85 @@ def _locked_temporary(folder: str) -> Iterator[tuple[IO[bytes], str]]:
         raise
 
 
+@contextlib.contextmanager
+def locked_temporary_folder(parent: str | os.PathLike) -> Iterator[str]:
+    """A new temporary folder in ``parent`` (created if missing, its dead temporaries removed), locked until the
+    block ends; removed if the block fails. Publish it inside the block with ``publish_folder``."""
+    parent = os.path.abspath(os.fspath(parent))
+    make_folders(parent)
+    remove_dead_temporaries(parent)
+    while True:
+        temporary = tempfile.mkdtemp(dir=parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+        handle = os.open(temporary, os.O_RDONLY)
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if os.fstat(handle).st_nlink:
+            break
+        os.close(handle)  # a sweeper removed it between its creation and our lock: take another
+    try:
+        yield temporary
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    finally:
+        os.close(handle)
+
+
+def publish_folder(temporary: str, path: str | os.PathLike) -> None:
+    """Put the finished folder ``temporary`` at ``path``, in one step: a checkpoint already there (file or folder)
+    is exchanged with it atomically, then removed; a crash at any point leaves a whole checkpoint at ``path``."""
+    path = os.path.abspath(os.fspath(path))
+    _fsync_tree(temporary)
+    if os.path.lexists(path):
+        _exchange(temporary, path)  # the old checkpoint now lies at the temporary name, which no pattern matches
+        shutil.rmtree(temporary) if os.path.isdir(temporary) and not os.path.islink(temporary) else os.unlink(temporary)
+    else:
+        os.rename(temporary, path)
+    _fsync_folder(os.path.dirname(path))
+
+
+def _exchange(first: str, second: str) -> None:
+    """Swap two paths atomically (Linux's ``renameat2(RENAME_EXCHANGE)``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None or renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), 2) != 0:
+        code = ctypes.get_errno() if renameat2 is not None else errno.ENOSYS
+        raise OSError(
+            code,
+            f"cannot replace {second} atomically ({os.strerror(code)}): this platform or file system has no "
+            "renameat2(RENAME_EXCHANGE); save the sharded checkpoint under a new name",
+        )
+
+
+def _fsync_tree(folder: str) -> None:
+    for root, _, names in os.walk(folder):
+        for name in names:
+            handle = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+        _fsync_folder(root)
+
+
+def _fsync_folder(folder: str) -> None:
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 def load(path: str | os.PathLike, *, weights_only: bool = True, map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint; ``weights_only=False`` is the explicit opt-in for files you trust. A damaged file raises a
     ``DamagedCheckpointError`` naming what is wrong with it, whatever the trust."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"refused to load {path}: it is a folder (a sharded checkpoint, one file per rank), and this reads one "
+            "file; resume from the folder with trainer.fit(ckpt_path=...) (any strategy, any number of ranks), or "
+            "consolidate it into one file first"
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.trainer import checkpoint_io, process_settings
+from gpulayer.trainer import process_settings
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import (
     CheckpointRequest,
@@ -264,7 +264,7 @@ def _requested_checkpoint(trainer: Trainer, stage: str) -> dict[str, Any] | None
         raise error
     if trainer.ckpt_path is None:
         return None
-    return checkpoint_io.load(trainer.ckpt_path, weights_only=request.weights_only is not False)
+    return trainer.strategy.load_checkpoint(trainer.ckpt_path, weights_only=request.weights_only is not False)
 
 
 def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gpulayer.trainer import checkpoint_io, sharded_folder
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 
@@ -197,8 +198,35 @@ class Strategy:
         """``optimizer.state_dict()`` as one process would have it."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
+        """``state``: a ``state_dict``, or where a sharded folder holds it (``ShardedOptimizerState``)."""
+        if isinstance(state, sharded_folder.ShardedOptimizerState):
+            sharded_folder.load_optimizer(self.lightning_module, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
+
+    @property
+    def saves_on_every_rank(self) -> bool:
+        """Whether every rank writes part of a checkpoint (a sharded one), or global rank 0 alone writes it."""
+        return False
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
+        """Write ``checkpoint`` to ``filepath`` atomically: called on global rank 0, or on every rank where
+        ``saves_on_every_rank``."""
+        checkpoint_io.save_atomic(checkpoint, filepath)
+
+    def load_checkpoint(self, path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
+        """The checkpoint at ``path``, read on every rank. A sharded folder gives its ``meta.pt``: its weights load
+        here (``load_folder_weights``), its optimizer states when ``fit`` restores them."""
+        if not os.path.isdir(path):
+            return checkpoint_io.load(path, weights_only=weights_only)
+        checkpoint = sharded_folder.load_metadata(os.fspath(path), weights_only, self.world_size)
+        self.load_folder_weights(os.fspath(path), self.lightning_module.strict_loading)
+        return checkpoint
+
+    def load_folder_weights(self, path: str, strict: bool) -> None:
+        """Read a sharded folder's model into the module: whole tensors, as one process (and DDP) holds them."""
+        sharded_folder.load_model(self.lightning_module, path, strict)
 
 
 class SingleDeviceStrategy(Strategy):

@@ -19,7 +19,6 @@ from gpulayer.trainer.arguments import argument_properties, defaults_from_enviro
 from gpulayer.trainer.cadence import Cadence
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
-from gpulayer.trainer.checkpoint_io import save_atomic
 from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.data import DataSource
 from gpulayer.trainer.datamodule import DataModule
@@ -257,8 +256,8 @@ class Trainer(TrainerProperties):
                 "save_checkpoint: the Trainer has no model yet; call fit, validate, test or predict first"
             )
         checkpoint = dump_checkpoint(self, weights_only=bool(weights_only))
-        if self.is_global_zero:
-            save_atomic(checkpoint, filepath)
+        if self.is_global_zero or self.strategy.saves_on_every_rank:
+            self.strategy.save_checkpoint(checkpoint, filepath)
 
     @contextlib.contextmanager
     def init_module(self, empty_init: bool | None = None) -> Iterator[None]:

@@ -71,7 +71,8 @@ REGISTRY: dict[str, Answer] = {
         "gpulayer.trainer.DDPStrategy", "DDP's options; processes start under torch's elastic agent"
     ),
     "lightning.pytorch.strategies.FSDPStrategy": _different(
-        "gpulayer.fsdp.FSDPStrategy", "FSDP2 (pip install gpulayer-fsdp); no CPU offload or HSDP"
+        "gpulayer.fsdp.FSDPStrategy",
+        'FSDP2 (pip install gpulayer-fsdp); `state_dict_type` "full" and "sharded" as Lightning\'s',
     ),
     "lightning.pytorch.strategies.SingleDeviceStrategy": _adopted("gpulayer.trainer.SingleDeviceStrategy"),
     "lightning.pytorch.strategies.Strategy": _different("gpulayer.trainer.Strategy", "no plugin attributes"),

@@ -16,12 +16,13 @@ import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from gpulayer.trainer import checkpoint_io, sharded_folder
+from gpulayer.trainer import checkpoint_io
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 
@@ -199,11 +200,11 @@ class Strategy:
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
-        """``state``: a ``state_dict``, or where a sharded folder holds it (``ShardedOptimizerState``)."""
-        if isinstance(state, sharded_folder.ShardedOptimizerState):
-            sharded_folder.load_optimizer(self.lightning_module, optimizer, state)
-        else:
+        """``state``: a ``state_dict``, or where a sharded folder holds it (a ``ShardedOptimizerState``)."""
+        if isinstance(state, dict):
             optimizer.load_state_dict(state)
+        else:
+            _sharded_folder().load_optimizer(self.lightning_module, optimizer, state)
 
     @property
     def saves_on_every_rank(self) -> bool:
@@ -220,13 +221,21 @@ class Strategy:
         here (``load_folder_weights``), its optimizer states when ``fit`` restores them."""
         if not os.path.isdir(path):
             return checkpoint_io.load(path, weights_only=weights_only)
-        checkpoint = sharded_folder.load_metadata(os.fspath(path), weights_only, self.world_size)
+        checkpoint = _sharded_folder().load_metadata(os.fspath(path), weights_only, self.world_size)
         self.load_folder_weights(os.fspath(path), self.lightning_module.strict_loading)
         return checkpoint
 
     def load_folder_weights(self, path: str, strict: bool) -> None:
         """Read a sharded folder's model into the module: whole tensors, as one process (and DDP) holds them."""
-        sharded_folder.load_model(self.lightning_module, path, strict)
+        _sharded_folder().load_model(self.lightning_module, path, strict)
+
+
+def _sharded_folder() -> ModuleType:
+    """``sharded_folder``, imported when a folder is read: it imports torch's DCP, which would add about 0.6 s to
+    every ``import gpulayer.trainer``."""
+    from gpulayer.trainer import sharded_folder
+
+    return sharded_folder
 
 
 class SingleDeviceStrategy(Strategy):

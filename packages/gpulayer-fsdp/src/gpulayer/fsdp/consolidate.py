@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint_io import DCP_METADATA, METADATA_FILENAME
 
-META = "meta.pt"  # Lightning's _METADATA_FILENAME: rank 0's file of everything that is not sharded
-DCP_METADATA = ".metadata"  # DCP's index of the shards, written after every rank's files
 _OPTIMIZER_PREFIX = "optimizer_"
 
 
@@ -35,8 +34,13 @@ def check_paths(folder: Path, output: Path, *, force: bool = False) -> None:
     """Refuse a ``folder`` that is no sharded checkpoint and an ``output`` that would overwrite a file (unless
     ``force``), a folder, or land inside ``folder``."""
     if not folder.is_dir():
-        raise ValueError(f"{folder} is not a folder: expected a sharded checkpoint folder (DCP shards and {META})")
-    for name, what in ((DCP_METADATA, "DCP's index of the shards"), (META, "the epoch, loops and callbacks")):
+        raise ValueError(
+            f"{folder} is not a folder: expected a sharded checkpoint folder (DCP shards and {METADATA_FILENAME})"
+        )
+    for name, what in (
+        (DCP_METADATA, "DCP's index of the shards"),
+        (METADATA_FILENAME, "the epoch, loops and callbacks"),
+    ):
         if not (folder / name).is_file():
             raise ValueError(
                 f"{folder} is no whole sharded checkpoint: it has no {name} ({what}); a save that did not finish, "
@@ -56,7 +60,9 @@ def load_sharded(folder: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    meta = checkpoint_io.load(folder / META)  # checked first: weights_only, so a file holding code is refused
+    meta = checkpoint_io.load(
+        folder / METADATA_FILENAME
+    )  # checked first: weights_only, so a file holding code is refused
     sharded: dict[str, Any] = {}
     # dcp_to_torch_save's own reading, without its torch.save: no process group, every shard into this process.
     _load_state_dict(

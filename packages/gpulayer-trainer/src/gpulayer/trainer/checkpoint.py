@@ -96,9 +96,8 @@ def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) 
     """After ``configure_model``: the module's hook, its weights, the DataModule's and callbacks' states."""
     module, datamodule = trainer.lightning_module, trainer.datamodule
     trainer._hooks.module("on_load_checkpoint", checkpoint)
-    if (
-        "state_dict" in checkpoint
-    ):  # a sharded checkpoint's weights load into the shards (the strategy's load_checkpoint)
+    # A sharded checkpoint has no state_dict: its weights were read into the shards by strategy.load_checkpoint.
+    if "state_dict" in checkpoint:
         trainer.strategy.load_model_state_dict(checkpoint["state_dict"], strict=module.strict_loading)
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])

@@ -96,9 +96,17 @@ class DummyLogger(Logger):
     """``fast_dev_run``'s logger, as Lightning's: it writes nothing, and its ``experiment`` (like any method of its
     own) takes every call, so that ``self.logger.experiment.add_image(...)`` runs unchanged."""
 
-    name = property(lambda self: "")
-    version = property(lambda self: "")
-    experiment = property(lambda self: _Anything())
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def experiment(self) -> _Anything:
+        return _Anything()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         pass

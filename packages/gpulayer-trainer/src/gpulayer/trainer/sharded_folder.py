@@ -27,9 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gpulayer.trainer import checkpoint_io
-from gpulayer.trainer.checkpoint_io import METADATA_FILENAME
+from gpulayer.trainer.checkpoint_io import DCP_METADATA, METADATA_FILENAME
 
-DCP_METADATA = ".metadata"
 SHARDED = StateDictOptions(full_state_dict=False)  # each rank's own part: its shards, or the whole plain tensor
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp")
 

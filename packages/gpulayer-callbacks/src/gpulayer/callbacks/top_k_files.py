@@ -8,6 +8,7 @@ only global rank 0 writes, links and deletes files. Lightning 2.6's is one class
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -167,8 +168,9 @@ class TopKFiles:
 
     # ---- files ---------------------------------------------------------------------------------------------------
     def file_exists(self, filepath: str, trainer: Any) -> bool:
-        """Rank 0 looks; every rank gets its answer, so that all choose the same name."""
-        return trainer.runtime.any(os.path.exists(filepath) if trainer.is_global_zero else False)
+        """Rank 0 looks (a checkpoint still being written there counts); every rank gets its answer, so that all
+        choose the same name."""
+        return trainer.runtime.any(trainer.strategy.checkpoint_exists(filepath) if trainer.is_global_zero else False)
 
     def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
         trainer.save_checkpoint(filepath, self.save_weights_only)
@@ -178,16 +180,10 @@ class TopKFiles:
 
     @staticmethod
     def _link_checkpoint(trainer: Any, filepath: str, linkpath: str) -> None:
-        """``save_last="link"``: a relative symlink (a copy where links are not allowed)."""
+        """``save_last="link"``: a relative symlink (a copy where links are not allowed), made once ``filepath`` is
+        written (an asynchronous save may still be writing it)."""
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            if os.path.islink(linkpath) or os.path.isfile(linkpath):
-                os.remove(linkpath)
-            elif os.path.isdir(linkpath):
-                shutil.rmtree(linkpath)
-            try:
-                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
-            except OSError:
-                shutil.copy(filepath, linkpath)
+            trainer.strategy.when_checkpoints_written(functools.partial(_link, filepath, linkpath))
         trainer.runtime.barrier()
 
     def _should_remove_checkpoint(self, trainer: Any, previous: str, current: str) -> bool:
@@ -200,10 +196,16 @@ class TopKFiles:
         return Path(self.dirpath).absolute() in previous_path.parents
 
     def _remove_checkpoint(self, trainer: Any, filepath: str) -> None:
-        # lexists: a dangling "last" link is removed too (Lightning's exists() follows it and keeps the link).
-        if not trainer.is_global_zero or not os.path.lexists(filepath):
-            return
-        if os.path.isdir(filepath) and not os.path.islink(filepath):
-            shutil.rmtree(filepath)
-        else:
-            os.remove(filepath)
+        # The strategy removes a dangling "last" link too (Lightning's exists() follows it and keeps the link).
+        trainer.strategy.remove_checkpoint(filepath)
+
+
+def _link(filepath: str, linkpath: str) -> None:
+    if os.path.islink(linkpath) or os.path.isfile(linkpath):
+        os.remove(linkpath)
+    elif os.path.isdir(linkpath):
+        shutil.rmtree(linkpath)
+    try:
+        os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
+    except OSError:
+        shutil.copy(filepath, linkpath)

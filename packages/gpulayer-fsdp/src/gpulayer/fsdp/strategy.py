@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from gpulayer.fsdp import sharded_checkpoint
+from gpulayer.fsdp.async_save import AsyncSaves
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
 from gpulayer.trainer import sharded_folder
 from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
@@ -35,7 +36,9 @@ class FSDPStrategy(Strategy):
     again in backward, False keeps them until backward, None (torch's default) is True except for the root.
     ``timeout`` bounds every collective, as in ``DDPStrategy``. ``state_dict_type`` is Lightning's: ``"full"``
     saves one file gathered on rank 0, ``"sharded"`` a folder of each rank's shards (``sharded_checkpoint.py``);
-    either kind loads whatever the setting.
+    either kind loads whatever the setting. ``async_save=True`` (sharded only; not in Lightning) makes the saves
+    during ``fit`` return once each rank's shards are copied, and writes them while training goes on
+    (``async_save.py``).
     """
 
     strategy_name = "fsdp"
@@ -51,11 +54,19 @@ class FSDPStrategy(Strategy):
         shard_model: ShardFunction | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         state_dict_type: str = "full",
+        async_save: bool = False,
     ) -> None:
         if state_dict_type not in ("full", "sharded"):
             raise ValueError(
                 f"FSDPStrategy(state_dict_type={state_dict_type!r}): accepted values are 'full' (one file, gathered "
                 "on rank 0) and 'sharded' (a folder of each rank's shards)"
+            )
+        if not isinstance(async_save, bool):
+            raise TypeError(f"FSDPStrategy(async_save={async_save!r}): accepted values are True and False")
+        if async_save and state_dict_type != "sharded":
+            raise ValueError(
+                f"FSDPStrategy(async_save=True, state_dict_type={state_dict_type!r}): only sharded checkpoints are "
+                "saved asynchronously; pass state_dict_type='sharded' as well"
             )
         if auto_wrap_policy is not None and shard_model is not None:
             raise ValueError("FSDPStrategy(auto_wrap_policy=..., shard_model=...): pass one of them, not both")
@@ -72,6 +83,8 @@ class FSDPStrategy(Strategy):
         self.shard_model = shard_model
         self.timeout = as_timeout(timeout, "FSDPStrategy")
         self.state_dict_type = state_dict_type
+        self.async_save = async_save
+        self._async_saves: AsyncSaves | None = None  # while fit runs, with async_save
         self._folder_to_load: tuple[str, bool] | None = None  # a sharded checkpoint's model, read once sharded
         self._sharded: weakref.WeakKeyDictionary[nn.Module, FullyShardedModule] = weakref.WeakKeyDictionary()
 
@@ -117,8 +130,17 @@ class FSDPStrategy(Strategy):
     def no_sync(self) -> AbstractContextManager[None]:
         return self._sharded_module.no_sync()
 
+    def setup_training(self) -> None:
+        """``async_save``: the saves of this ``fit`` return once staged."""
+        if self.async_save:
+            self._async_saves = AsyncSaves(self.runtime, self.timeout)
+
     def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """A sharded module stays sharded where it is, for the next stage."""
+        """A sharded module stays sharded where it is, for the next stage. ``fit`` returns (or raises) only once its
+        last asynchronous save is in place; later saves are synchronous."""
+        saves, self._async_saves = self._async_saves, None
+        if saves is not None:
+            saves.wait()
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         sharded = self._sharded_module
@@ -155,10 +177,22 @@ class FSDPStrategy(Strategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
         """``"sharded"``: every rank writes its shards into the folder ``filepath``; else rank 0 writes one file."""
-        if self.saves_on_every_rank:
+        if self.saves_on_every_rank and self._async_saves is not None:
+            self._async_saves.save(checkpoint, filepath)
+        elif self.saves_on_every_rank:
             sharded_checkpoint.save(checkpoint, filepath, self.runtime)
         else:
             super().save_checkpoint(checkpoint, filepath)
+
+    def when_checkpoints_written(self, action: Callable[[], None]) -> None:
+        if self._async_saves is None:
+            action()
+        else:
+            self._async_saves.when_written(action)
+
+    def checkpoint_exists(self, filepath: str | os.PathLike) -> bool:
+        in_flight = self._async_saves is not None and self._async_saves.is_being_written(filepath)
+        return in_flight or super().checkpoint_exists(filepath)
 
     def load_folder_weights(self, path: str, strict: bool) -> None:
         """Each rank's shards are read once the module is sharded (``setup_module``), not into the whole module."""
@@ -170,6 +204,7 @@ class FSDPStrategy(Strategy):
             "reshard_after_forward": self.reshard_after_forward,
             "shard_model": self.shard_model,
             "state_dict_type": None if self.state_dict_type == "full" else self.state_dict_type,
+            "async_save": self.async_save or None,
         }
         shown = {name: value for name, value in options.items() if value is not None}
         return f"FSDPStrategy({', '.join(f'{name}={value!r}' for name, value in shown.items())})"

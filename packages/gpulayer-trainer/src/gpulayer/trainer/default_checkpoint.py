@@ -94,14 +94,17 @@ class DefaultCheckpoint(Checkpoint):
         self._last_global_step_saved = trainer.global_step
         after_save_checkpoint(trainer, self)
         if trainer.is_global_zero and previous and self._may_remove(trainer, previous, path):
-            os.remove(previous)
+            trainer.strategy.remove_checkpoint(previous)  # a file, or a sharded checkpoint's folder
 
     def _free_name(self, trainer: Trainer, stem: str, replaced: str) -> str:
         """Lightning's version counter: ``-v1``, ``-v2`` while the name is taken by a file this run keeps. Rank 0's
         view of the folder decides, so every rank names the file rank 0 writes."""
         path = os.path.join(self.dirpath, f"{stem}.ckpt")
         version = 1
-        while trainer.runtime.any(trainer.is_global_zero and os.path.exists(path)) and path != replaced:
+        while (
+            trainer.runtime.any(trainer.is_global_zero and trainer.strategy.checkpoint_exists(path))
+            and path != replaced
+        ):
             path = os.path.join(self.dirpath, f"{stem}-v{version}.ckpt")
             version += 1
         return path

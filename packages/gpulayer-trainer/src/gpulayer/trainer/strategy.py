@@ -11,6 +11,7 @@ what they call on it (``lightning/pytorch/strategies/strategy.py``): ``barrier``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -119,12 +120,20 @@ class Strategy:
         return self._runtime.all(decision) if all else self._runtime.any(decision)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
-        """Delete a checkpoint file (or folder) on global rank 0, if it exists; the other ranks return at once."""
-        if self.is_global_zero and os.path.lexists(filepath):
-            if os.path.isdir(filepath) and not os.path.islink(filepath):
-                shutil.rmtree(filepath)
-            else:
-                os.remove(filepath)
+        """Delete a checkpoint file (or folder) on global rank 0, if it exists, once the checkpoints being saved are
+        in place (``when_checkpoints_written``); the other ranks return at once."""
+        if self.is_global_zero:
+            self.when_checkpoints_written(functools.partial(_remove, filepath))
+
+    def when_checkpoints_written(self, action: Callable[[], None]) -> None:
+        """Run ``action``, global rank 0's work on checkpoint files (removing an old one, linking ``last``), once
+        every checkpoint this strategy is saving is in place: at once, where ``save_checkpoint`` writes before it
+        returns. An asynchronous save runs it after its write, or never if the write fails."""
+        action()
+
+    def checkpoint_exists(self, filepath: str | os.PathLike) -> bool:
+        """Whether a checkpoint is at ``filepath`` or being written there (global rank 0's view)."""
+        return os.path.exists(filepath)
 
     @property
     def _runtime(self) -> Runtime:
@@ -228,6 +237,16 @@ class Strategy:
     def load_folder_weights(self, path: str, strict: bool) -> None:
         """Read a sharded folder's model into the module: whole tensors, as one process (and DDP) holds them."""
         _sharded_folder().load_model(self.lightning_module, path, strict)
+
+
+def _remove(filepath: str | os.PathLike) -> None:
+    """A checkpoint file, link or folder, if there (a dangling link included)."""
+    if not os.path.lexists(filepath):
+        return
+    if os.path.isdir(filepath) and not os.path.islink(filepath):
+        shutil.rmtree(filepath)
+    else:
+        os.remove(filepath)
 
 
 def _sharded_folder() -> ModuleType:

@@ -419,3 +419,12 @@ def test_a_run_max_steps_stopped_mid_epoch_resumed_under_max_epochs_finishes_the
     torch.testing.assert_close(ours.weights, unbroken.weights, rtol=0, atol=0)
     assert ours.counters["fit"] == unbroken.counters["fit"] == (12, 1)
     assert runs["lightning"].resumed.counters["fit"] == (6, 1) and train_calls(runs["lightning"].resumed) == []
+
+
+def test_a_lightning_checkpoint_is_refused_by_fit_naming_it_and_what_loads_it(run, tmp_path):
+    """Lightning's ``loops`` entry holds its own loop objects' state: ``fit(ckpt_path=)`` says so, naming the file,
+    before anything is restored (it was a bare ``KeyError: 'epochs_processed'``)."""
+    path = tmp_path / "lightning.ckpt"
+    run("lightning", trainer=dict(max_epochs=1), **saves_after_fit(path))
+    with pytest.raises(ValueError, match=r"lightning\.ckpt.*written by another trainer.*load_from_checkpoint"):
+        run("gpulayer", trainer=dict(max_epochs=2), stage_arguments={"fit": {"ckpt_path": path}})

@@ -117,6 +117,18 @@ def restore_modules_and_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) 
             callback.load_state_dict(states[callback.state_key])
 
 
+def check_resumable(checkpoint: dict[str, Any], path: str) -> None:
+    """Refuse, before ``fit`` restores anything, a checkpoint whose loop position another trainer wrote: Lightning's
+    ``loops`` entry holds its own loop objects' state, not GPUlayer's."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
+    if isinstance(fit_loop, dict) and "epochs_processed" not in fit_loop:
+        raise ValueError(
+            f"fit(ckpt_path={path!r}): its loop position was written by another trainer (Lightning's loops entry: "
+            f"{', '.join(sorted(fit_loop)[:3])}, ...), and GPUlayer resumes training only from checkpoints it "
+            "saved. Its weights load with Module.load_from_checkpoint, to start a new fit from them"
+        )
+
+
 def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     """After ``on_fit_start``: scaler, loop position, optimizers, schedulers and the RNG states."""
     for key in ("optimizer_states", "lr_schedulers"):

@@ -19,6 +19,7 @@ from gpulayer.trainer import process_settings
 from gpulayer.trainer.callback import Callback, Checkpoint
 from gpulayer.trainer.checkpoint import (
     CheckpointRequest,
+    check_resumable,
     resolve_ckpt_path,
     restore_modules_and_callbacks,
     restore_training_state,
@@ -264,7 +265,10 @@ def _requested_checkpoint(trainer: Trainer, stage: str) -> dict[str, Any] | None
         raise error
     if trainer.ckpt_path is None:
         return None
-    return trainer.strategy.load_checkpoint(trainer.ckpt_path, weights_only=request.weights_only is not False)
+    checkpoint = trainer.strategy.load_checkpoint(trainer.ckpt_path, weights_only=request.weights_only is not False)
+    if stage == "fit":
+        check_resumable(checkpoint, trainer.ckpt_path)
+    return checkpoint
 
 
 def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:

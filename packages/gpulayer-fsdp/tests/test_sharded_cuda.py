@@ -1,5 +1,7 @@
 """On two CUDA GPUs (nox -s cuda; skipped otherwise): a sharded checkpoint saved by FSDP2 on NCCL has Lightning's
-file set, resumes bit-exactly on the same GPUs, and loads in one process on the CPU.
+file set, resumes bit-exactly on the same GPUs, and loads in one process on the CPU; an asynchronous save
+(``async_save=True``: staged from the GPUs into CPU memory, written on a gloo group beside NCCL) writes what a
+synchronous one writes.
 
 Bit-exact on the GPUs: the resumed and the unbroken run launch the same kernels on the same devices in the same
 order, and at these sizes (8 tokens: one key block in attention) no kernel should need atomics to reduce. A
@@ -14,6 +16,8 @@ import torch
 from gpulayer.runtime.testing import run_ranks
 
 from .conftest import packed, unpacked
+from .test_async_sharded_save import _fit as _fit_saving_every_two_steps
+from .test_async_sharded_save import assert_same_folders
 from .test_sharded_checkpoints import _assert_state_equal, _fit
 
 pytestmark = [
@@ -42,3 +46,15 @@ def test_a_sharded_checkpoint_saved_on_nccl_resumes_exactly_on_the_gpus_and_in_o
     on_cpu, _ = _fit(tmp_path / "cpu", 0, 1, 1, ckpt_path=str(tmp_path / "gpus.ckpt"))  # _fit's accelerator: "cpu"
     _assert_state_equal(on_cpu, records["first"], atol=0, name="2 GPUs -> 1 CPU process")
     assert len(on_cpu["warnings"]) == 1
+
+
+def _two_gpus_saving_asynchronously(runtime, folder: str) -> None:
+    for async_save in (False, True):
+        kind = "asynchronous" if async_save else "synchronous"
+        _fit_saving_every_two_steps(Path(folder) / kind, runtime.global_rank, async_save, accelerator="cuda")
+
+
+def test_an_asynchronous_save_on_nccl_writes_what_a_synchronous_one_writes(tmp_path):
+    pytest.importorskip("gpulayer.callbacks")
+    run_ranks(_two_gpus_saving_asynchronously, str(tmp_path / "runs"), accelerator="cuda", timeout=240)
+    assert_same_folders(tmp_path / "runs", tmp_path)

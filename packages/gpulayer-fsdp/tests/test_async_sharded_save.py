@@ -1,6 +1,7 @@
 """``FSDPStrategy(state_dict_type="sharded", async_save=True)``: a save returns once staged and is written while
 training goes on, yet writes exactly what a synchronous save writes; ``meta.pt``, removing an older checkpoint and
-linking ``last`` wait for the write; a failed write keeps the previous checkpoint and fails ``fit`` on every rank.
+linking ``last`` wait for the write; a failed write keeps the previous checkpoint and fails ``fit`` on every rank;
+a rank killed while a save is written leaves the previous checkpoint whole.
 
 One spawn of 2 gloo ranks. Each rank's files are written through ``_GatedWriter``, a DCP ``FileSystemWriter`` that
 waits for the test's callback to let each write through: so the test knows, without timing, that a save is still
@@ -10,6 +11,7 @@ in flight when it looks.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
 from gpulayer.fsdp.async_save import AsyncSaves
-from gpulayer.runtime.testing import run_ranks
+from gpulayer.runtime.testing import RankFailedError, run_ranks
 from gpulayer.trainer import checkpoint_io
 
 from .conftest import Block, loader, make_model, packed, unpacked
@@ -65,6 +67,16 @@ class _Look(gl.Callback):
         if trainer.global_step in (3, 5):
             self.seen[trainer.global_step] = _contents(self.dirpath)
             _GatedWriter.permits.release()
+
+
+class _KillWhileWriting(gl.Callback):
+    """Lets the step-2 save through at step 3; at step 5, with step 4's save held, kills rank 0 (SIGKILL)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 3:
+            _GatedWriter.permits.release()
+        elif trainer.global_step == 5 and trainer.is_global_zero:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _contents(folder: Path) -> dict:
@@ -112,14 +124,21 @@ def _ranks(runtime, folder: str) -> bytes:
     except Exception as error:
         record["failure"] = (type(error).__name__, str(error), type(error.__cause__).__name__)
     record["after failure"] = _contents(folder / "failing" / "checkpoints")
-    return packed(record)
+    (folder / f"record-{rank}.pt").write_bytes(packed(record))
+    AsyncSaves.writer = _GatedWriter
+    _fit(folder / "killed", rank, async_save=True, max_steps=6, callbacks=[_KillWhileWriting()])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """The spawn ends with rank 0 killed; each rank's records were written before."""
     folder = tmp_path_factory.mktemp("async")
     pytest.importorskip("gpulayer.callbacks")
-    return folder, unpacked(run_ranks(_ranks, str(folder), timeout=240))
+    with pytest.raises(RankFailedError) as failed:
+        run_ranks(_ranks, str(folder), timeout=240)
+    records = [folder / f"record-{rank}.pt" for rank in (0, 1)]
+    assert all(path.is_file() for path in records), f"the ranks failed before the killed run:\n{failed.value}"
+    return folder, unpacked([path.read_bytes() for path in records])
 
 
 SHARDS = ["__0_0.distcp", "__1_0.distcp", ".metadata"]
@@ -193,6 +212,17 @@ def test_a_failed_write_fails_fit_on_every_rank_and_keeps_the_previous_checkpoin
     assert "No space left on device" in ranks[1]["failure"][1]
     # The step-2 checkpoint stays (its removal waited for a write that failed); no unfinished folder is left.
     assert ranks[0]["after failure"] == {STEP_2: sorted([*SHARDS, "meta.pt"]), "last.ckpt": STEP_2}
+
+
+@pytest.mark.multiprocess
+def test_a_rank_killed_while_a_save_is_written_leaves_the_previous_checkpoint_whole(runs, tmp_path):
+    """Rank 0 SIGKILLed with step 4's save held: step 2's folder, and ``last`` pointing at it, are untouched (their
+    removal and relinking waited for the write); the unfinished folder lies under a temporary name."""
+    folder = runs[0] / "killed" / "checkpoints"
+    assert _contents(folder) == {STEP_2: sorted([*SHARDS, "meta.pt"]), "last.ckpt": STEP_2, "temporary": []}
+    dcp_to_torch_save(str(folder / "last.ckpt"), str(tmp_path / "last"))
+    assert torch.load(tmp_path / "last", weights_only=True)["model"].keys()
+    assert torch.load(folder / "last.ckpt" / "meta.pt", weights_only=True)["global_step"] == 2
 
 
 def test_async_save_is_a_bool_for_sharded_checkpoints_only():

@@ -116,6 +116,7 @@ def _ranks(runtime, folder: str) -> bytes:
     AsyncSaves.writer = _GatedWriter
     trainer, dirpath = _fit(folder / "asynchronous", rank, async_save=True, callbacks=[look])
     record = {"seen": look.seen, "after fit": _contents(dirpath)}
+    record["threads after fit"] = [t.name for t in threading.enumerate() if t.name.startswith("gpulayer-sharded-save")]
     trainer.save_checkpoint(str(folder / "after-fit.ckpt"))  # synchronous: the gate would hold it for WAIT_S
     record["after fit, at once"] = sorted(os.listdir(folder / "after-fit.ckpt"))
     AsyncSaves.writer = _FailingSecondWrite
@@ -160,6 +161,7 @@ def test_fit_returns_with_its_last_save_in_place_and_the_old_one_removed(runs):
         assert record["after fit"][STEP_4] == sorted([*SHARDS, "meta.pt"])
     assert ranks[0]["after fit"] == {STEP_4: sorted([*SHARDS, "meta.pt"]), "last.ckpt": STEP_4}
     assert ranks[1]["after fit, at once"] == sorted([*SHARDS, "meta.pt"])  # a save after fit: synchronous
+    assert [record["threads after fit"] for record in ranks] == [[], []]
 
 
 @pytest.mark.multiprocess

@@ -108,6 +108,16 @@ class AsyncSaves:
         if in_flight is not None:
             in_flight.result()
 
+    def close(self) -> None:
+        """``wait``, then release the finisher thread and the save's process group."""
+        try:
+            self.wait()
+        finally:
+            self._finisher.shutdown()
+            if self._group is not None:
+                dist.destroy_process_group(self._group)
+                self._group = None
+
     def when_written(self, action: Callable[[], None]) -> None:
         """Run ``action`` after the save in flight is in place (now, if none is)."""
         with self._lock:

@@ -140,7 +140,7 @@ class FSDPStrategy(Strategy):
         last asynchronous save is in place; later saves are synchronous."""
         saves, self._async_saves = self._async_saves, None
         if saves is not None:
-            saves.wait()
+            saves.close()
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         sharded = self._sharded_module

@@ -174,6 +174,29 @@ def test_one_loader_in_a_container_gives_batches_in_it_as_in_lightning(tmp_path,
     assert ours[2] == theirs[2] == [(type(shape(None)).__name__, "DataLoader")]
 
 
+@pytest.mark.parametrize("empty", [[], (), {}], ids=["list", "tuple", "dict"])
+def test_an_empty_container_of_training_loaders_trains_nothing_as_in_lightning(tmp_path, empty):
+    """``fit(model, [])``: Lightning's warning naming the container's type, no batch, the run finished."""
+    results = {}
+    for name, framework, base in (("gpulayer", gl, gl.Module), ("lightning", None, None)):
+        with warnings.catch_warnings(record=True) as caught:
+            if framework is None:
+                framework = quiet_lightning()
+                base = framework.LightningModule
+            warnings.simplefilter("always")
+            record = []
+            trainer = framework.Trainer(
+                accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, default_root_dir=tmp_path
+            )
+            trainer.fit(_module(base, record)(), empty)
+        zero = [str(w.message) for w in caught if "across ranks is zero" in str(w.message)]
+        results[name] = (record, trainer.global_step, trainer.current_epoch, str(trainer.state.status), zero[:1])
+    assert results["gpulayer"] == results["lightning"]
+    assert results["gpulayer"][-1] == [
+        f"Total length of `{type(empty).__name__}` across ranks is zero. Please make sure this was your intention."
+    ]
+
+
 def test_several_training_loaders_are_refused_naming_the_argument(tmp_path):
     loader = DataLoader(_data(), batch_size=4)
     trainer = gl.Trainer(accelerator="cpu", max_epochs=1, logger=False, default_root_dir=tmp_path)

@@ -97,7 +97,7 @@ def as_loader_list(loaders: Any, stage: str) -> list[Any]:
 def train_loader(loaders: Any) -> tuple[Any, Callable[[Any], Any] | None]:
     """The training loader, and how its batches are shaped: one loader in a list, tuple or dict gives each batch in
     that container (``[batch]``, ``(batch,)``, ``{name: batch}``), as Lightning 2.6's ``CombinedLoader`` does."""
-    if not isinstance(loaders, (list, tuple, dict)):
+    if not isinstance(loaders, (list, tuple, dict)) or not loaders:  # an empty one trains no batch, as Lightning's
         return loaders, None
     inner = list(loaders.values()) if isinstance(loaders, dict) else list(loaders)
     if len(inner) != 1 or isinstance(inner[0], (list, tuple, dict)):
@@ -226,8 +226,8 @@ def _looking_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, A
         batch_idx += 1
 
 
-def agreed_batches(runtime: Any, counts: list[int | float], stage: str) -> list[int | float]:
-    """The batch counts every rank runs: the smallest rank's, per loader (one collective, at setup).
+def agreed_batches(runtime: Any, loaders: list[Any], counts: list[int | float], stage: str) -> list[int | float]:
+    """The batch counts every rank runs for ``loaders``: the smallest rank's, per loader (one collective, at setup).
 
     Ranks that run different numbers of batches would wait for each other forever, so uneven data is cut to the
     shortest rank's, with a warning naming every rank's counts. A loader empty on some ranks only is an error on
@@ -237,7 +237,8 @@ def agreed_batches(runtime: Any, counts: list[int | float], stage: str) -> list[
     for index, per_rank in enumerate(zip(*every_rank, strict=True)):
         if not any(per_rank):
             warnings.warn(
-                "Total length of `DataLoader` across ranks is zero. Please make sure this was your intention.",
+                f"Total length of `{type(loaders[index]).__name__}` across ranks is zero. Please make sure this was "
+                "your intention.",
                 UserWarning,
                 stacklevel=3,
             )

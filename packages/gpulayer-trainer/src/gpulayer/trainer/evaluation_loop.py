@@ -105,7 +105,9 @@ class EvaluationLoop:
         counts = [num_batches(loader, self.limit, self.prefix) for loader in loaders]
         # Predict runs no collective, so each rank predicts all of its shard; val and test merge metrics across
         # ranks at the same points, so they run the same number of batches on every rank.
-        self.max_batches = counts if self.stage == "predict" else agreed_batches(trainer.runtime, counts, self.prefix)
+        self.max_batches = (
+            counts if self.stage == "predict" else agreed_batches(trainer.runtime, loaders, counts, self.prefix)
+        )
         # The step of eval step rows, per loader, across runs (and across reloads of as many loaders).
         self.logged_batches = counted_before if len(counted_before) == len(loaders) else [0] * len(loaders)
 

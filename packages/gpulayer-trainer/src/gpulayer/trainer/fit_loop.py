@@ -148,7 +148,7 @@ class FitLoop:
         loader, self.shape = train_loader(self.source.request(self.hooks, trainer.global_rank))
         self.loader = loader = sampled(loader, "train", trainer, fitting=True)
         count = num_batches(loader, args.limit_train_batches, "train")
-        (self.max_batches,) = agreed_batches(trainer.runtime, [count], "train")
+        (self.max_batches,) = agreed_batches(trainer.runtime, [loader], [count], "train")
         if self.progress.epochs_processed == 0 and self.resume is None:
             self.iterator = epoch_iterator(self.loader, self.progress)
         if self.max_batches == 0:

@@ -1,7 +1,8 @@
 """On two CUDA GPUs (nox -s cuda; skipped otherwise): a sharded checkpoint saved by FSDP2 on NCCL has Lightning's
 file set, resumes bit-exactly on the same GPUs, and loads in one process on the CPU; an asynchronous save
 (``async_save=True``: staged from the GPUs into CPU memory, written on a gloo group beside NCCL) writes what a
-synchronous one writes.
+synchronous one writes. On one GPU (the GPU machines lent so far have one): a folder saved by gloo CPU ranks loads
+exactly into one CUDA process.
 
 Bit-exact on the GPUs: the resumed and the unbroken run launch the same kernels on the same devices in the same
 order, and at these sizes (8 tokens: one key block in attention) no kernel should need atomics to reduce. A
@@ -20,10 +21,8 @@ from .test_async_sharded_save import _fit as _fit_saving_every_two_steps
 from .test_async_sharded_save import assert_same_folders
 from .test_sharded_checkpoints import _assert_state_equal, _fit
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
-]
+pytestmark = pytest.mark.cuda
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 
 
 def _two_gpus(runtime, folder: str) -> bytes:
@@ -38,6 +37,7 @@ def _two_gpus(runtime, folder: str) -> bytes:
     return packed(records)
 
 
+@two_gpus
 def test_a_sharded_checkpoint_saved_on_nccl_resumes_exactly_on_the_gpus_and_in_one_cpu_process(tmp_path):
     records = unpacked(run_ranks(_two_gpus, str(tmp_path), accelerator="cuda", timeout=240))[0]
     assert records["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
@@ -54,7 +54,22 @@ def _two_gpus_saving_asynchronously(runtime, folder: str) -> None:
         _fit_saving_every_two_steps(Path(folder) / kind, runtime.global_rank, async_save, accelerator="cuda")
 
 
+@two_gpus
 def test_an_asynchronous_save_on_nccl_writes_what_a_synchronous_one_writes(tmp_path):
     pytest.importorskip("gpulayer.callbacks")
     run_ranks(_two_gpus_saving_asynchronously, str(tmp_path / "runs"), accelerator="cuda", timeout=240)
     assert_same_folders(tmp_path / "runs", tmp_path)
+
+
+def _two_cpu_ranks_saving(runtime, path: str) -> bytes:
+    return packed(_fit(Path(path).parent / "saving", runtime.global_rank, 2, 1, save=path)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_sharded_checkpoint_saved_on_cpu_ranks_loads_exactly_on_one_gpu(tmp_path):
+    """Saved by 2 gloo CPU ranks, read by DCP into one process's CUDA tensors (the machine may have one GPU)."""
+    path = tmp_path / "cpu-ranks.ckpt"
+    saved = unpacked(run_ranks(_two_cpu_ranks_saving, str(path), timeout=120))[0]
+    on_gpu, _ = _fit(tmp_path / "gpu", 0, 1, 1, ckpt_path=str(path), accelerator="cuda")
+    _assert_state_equal(on_gpu, saved, atol=0, name="2 CPU ranks -> 1 GPU")
+    assert len(on_gpu["warnings"]) == 1

@@ -13,8 +13,10 @@ callback's ``on_train_batch_end`` every ``--every`` steps. Per save and rank it 
   writing 5 to ``/proc/self/clear_refs``): up to the return, and up to "in place" (this one also holds the steps
   trained meanwhile).
 
-Each fit's time from ``on_train_start`` to ``fit`` returning (which waits for an asynchronous save in flight) less
-the fit without saves gives what the saves cost the run in all. Writes ``sharded_save.json`` and ``sharded_save.md``
+What the saves cost the run in all, per save (*lost per save*): the fit's time from ``on_train_start`` to ``fit``
+returning (which waits for an asynchronous save in flight), less its steps at the median pace of its own steps
+begun without a write in flight, less the same for the fit without saves (its setup and teardown), over the saves.
+It holds the blocking, the steps slowed by a write in the background, and a wait at the next save or at the end. Writes ``sharded_save.json`` and ``sharded_save.md``
 to ``--out`` (default: a new temporary folder); the checkpoints go to ``--out``'s disk and are removed after each way.
 """
 
@@ -171,7 +173,9 @@ def summarize(ranks: list[dict], width: int, layers: int, saves: int, every: int
         way["step seconds, median"] = statistics.median(quiet)
         way["step seconds with a write in flight, median"] = statistics.median(busy) if busy else None
         if name != "no saves":
-            way["added per save, seconds"] = [(rank[name]["fit"] - rank["no saves"]["fit"]) / saves for rank in ranks]
+            way["lost per save, seconds"] = [
+                (_beyond_steps(rank[name]) - _beyond_steps(rank["no saves"])) / saves for rank in ranks
+            ]
             way["checkpoint bytes"] = sorted(ranks[0][name]["checkpoints"].values())
             for rank, found in enumerate(ranks):
                 records = found[name]["saves"]
@@ -196,6 +200,13 @@ def summarize(ranks: list[dict], width: int, layers: int, saves: int, every: int
         "batch": BATCH,
         "ways": ways,
     }
+
+
+def _beyond_steps(found: dict) -> float:
+    """A fit's time beyond its steps at their pace without a write: every step at the median of those (this
+    fit's own, so that a change in the machine's speed between fits cancels)."""
+    quiet = [seconds for seconds, writing in found["steps"][1:] if not writing]
+    return found["fit"] - len(found["steps"]) * statistics.median(quiet)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -255,13 +266,13 @@ def markdown(result: dict) -> str:
                 + " | ".join(memory)
                 + " |"
             )
-    lines += ["", "| way | step, no write in flight | step, write in flight | fit added per save (rank 0, 1) |"]
+    lines += ["", "| way | step, no write in flight | step, write in flight | lost per save (rank 0, 1) |"]
     lines += ["| --- | ---: | ---: | ---: |"]
     for name, way in result["ways"].items():
         busy = way["step seconds with a write in flight, median"]
-        added = ", ".join(f"{s:.2f}" for s in way.get("added per save, seconds", []))
+        lost = ", ".join(f"{s:.2f}" for s in way.get("lost per save, seconds", []))
         lines.append(
-            f"| {name} | {way['step seconds, median']:.3f} | {'' if busy is None else f'{busy:.3f}'} | {added} |"
+            f"| {name} | {way['step seconds, median']:.3f} | {'' if busy is None else f'{busy:.3f}'} | {lost} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ def test_the_sharded_save_benchmark_times_every_save_of_every_way(tmp_path):
         # Every save is on disk (the full state, weights and AdamW's moments, at the least) and was timed on both ranks.
         assert len(way["checkpoint bytes"]) == result["saves per way"], name
         assert all(size >= full_state for size in way["checkpoint bytes"]), (name, way["checkpoint bytes"])
-        assert len(way["lost per save, seconds"]) == 2, name
+        assert isinstance(way["lost per save, seconds"], float), name
         for rank in ("rank 0", "rank 1"):
             saves = way[rank]["each"]
             assert [save["step"] for save in saves] == [2, 4], (name, rank)

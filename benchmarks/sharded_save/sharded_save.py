@@ -4,7 +4,8 @@
 without saves, they train a stack of square Linear layers under AdamW and call ``trainer.save_checkpoint`` from a
 callback's ``on_train_batch_end`` every ``--every`` steps. Per save and rank it records:
 
-- *blocking*: the time ``save_checkpoint`` takes to return, i.e. how long the training loop stops for it;
+- *blocking*: the time ``save_checkpoint`` takes to return, i.e. how long the training loop stops for it (with
+  ``"full"``, rank 1 returns once it has given its shards to the gather; its next step then waits for rank 0);
 - *in place*: the time from the call until the checkpoint is whole on disk. The strategy runs the action given to
   ``when_checkpoints_written`` once every save it has in flight is in place (at once for a synchronous save; for an
   asynchronous one, in the thread that finishes it, after every rank wrote and rank 0 put the folder in place), so
@@ -14,9 +15,11 @@ callback's ``on_train_batch_end`` every ``--every`` steps. Per save and rank it 
   trained meanwhile).
 
 What the saves cost the run in all, per save (*lost per save*): the fit's time from ``on_train_start`` to ``fit``
-returning (which waits for an asynchronous save in flight), less its steps at the median pace of its own steps
-begun without a write in flight, less the same for the fit without saves (its setup and teardown), over the saves.
-It holds the blocking, the steps slowed by a write in the background, and a wait at the next save or at the end. Writes ``sharded_save.json`` and ``sharded_save.md``
+returning (which waits for an asynchronous save in flight), less its steps at the median pace of its own steps (both
+ranks', the first left out) begun without a write in flight, less the same for the fit without saves (its setup and
+teardown), over the saves. Each fit's own pace cancels a change in the shared machine's speed between fits. The
+figure holds the blocking, the steps slowed by a write in the background or by a peer still saving, and a wait at
+the next save or at the end. Writes ``sharded_save.json`` and ``sharded_save.md``
 to ``--out`` (default: a new temporary folder); the checkpoints go to ``--out``'s disk and are removed after each way.
 """
 
@@ -88,7 +91,8 @@ class SaveTimer(gl.Callback):
         if trainer.global_step not in self.save_steps:
             return
         Path("/proc/self/clear_refs").write_text("5")
-        record = {"step": trainer.global_step, "rss before": _kib("VmRSS")}
+        writes = trainer.is_global_zero or trainer.strategy.saves_on_every_rank
+        record = {"step": trainer.global_step, "writes": writes, "rss before": _kib("VmRSS")}
         start = time.perf_counter()
         trainer.save_checkpoint(str(self.folder / f"step={trainer.global_step}.ckpt"))
         record["blocking"] = time.perf_counter() - start
@@ -167,15 +171,19 @@ def summarize(ranks: list[dict], width: int, layers: int, saves: int, every: int
     parameters = width * width * layers
     ways = {}
     for name in WAYS:
-        way = {"fit seconds": [rank[name]["fit"] for rank in ranks]}
         quiet = [s for rank in ranks for s, writing in rank[name]["steps"][1:] if not writing]
         busy = [s for rank in ranks for s, writing in rank[name]["steps"] if writing]
-        way["step seconds, median"] = statistics.median(quiet)
-        way["step seconds with a write in flight, median"] = statistics.median(busy) if busy else None
+        way = {
+            "fit seconds": [rank[name]["fit"] for rank in ranks],
+            "step seconds": [[s for s, _ in rank[name]["steps"]] for rank in ranks],
+            "step seconds, median": statistics.median(quiet),
+            "step seconds with a write in flight, median": statistics.median(busy) if busy else None,
+        }
+        way["beyond its steps"] = statistics.mean(way["fit seconds"]) - len(
+            ranks[0][name]["steps"]
+        ) * statistics.median(quiet)
         if name != "no saves":
-            way["lost per save, seconds"] = [
-                (_beyond_steps(rank[name]) - _beyond_steps(rank["no saves"])) / saves for rank in ranks
-            ]
+            way["lost per save, seconds"] = (way["beyond its steps"] - ways["no saves"]["beyond its steps"]) / saves
             way["checkpoint bytes"] = sorted(ranks[0][name]["checkpoints"].values())
             for rank, found in enumerate(ranks):
                 records = found[name]["saves"]
@@ -200,13 +208,6 @@ def summarize(ranks: list[dict], width: int, layers: int, saves: int, every: int
         "batch": BATCH,
         "ways": ways,
     }
-
-
-def _beyond_steps(found: dict) -> float:
-    """A fit's time beyond its steps at their pace without a write: every step at the median of those (this
-    fit's own, so that a change in the machine's speed between fits cancels)."""
-    quiet = [seconds for seconds, writing in found["steps"][1:] if not writing]
-    return found["fit"] - len(found["steps"]) * statistics.median(quiet)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -256,21 +257,18 @@ def markdown(result: dict) -> str:
             found = way.get(f"rank {rank}")
             if found is None:
                 continue
+            in_place = _pair(found["in place"]) if found["each"][0]["writes"] else "(writes nothing)"
             memory = (
                 [_pair(found["memory rise to return, MB"], ".0f"), _pair(found["memory rise to in place, MB"], ".0f")]
                 if rank == 0
                 else ["", ""]
             )
-            lines.append(
-                f"| {name} | {rank} | {_pair(found['blocking'])} | {_pair(found['in place'])} | "
-                + " | ".join(memory)
-                + " |"
-            )
-    lines += ["", "| way | step, no write in flight | step, write in flight | lost per save (rank 0, 1) |"]
+            lines.append(f"| {name} | {rank} | {_pair(found['blocking'])} | {in_place} | " + " | ".join(memory) + " |")
+    lines += ["", "| way | step, no write in flight | step, write in flight | lost per save |"]
     lines += ["| --- | ---: | ---: | ---: |"]
     for name, way in result["ways"].items():
         busy = way["step seconds with a write in flight, median"]
-        lost = ", ".join(f"{s:.2f}" for s in way.get("lost per save, seconds", []))
+        lost = f"{way['lost per save, seconds']:.2f}" if "lost per save, seconds" in way else ""
         lines.append(
             f"| {name} | {way['step seconds, median']:.3f} | {'' if busy is None else f'{busy:.3f}'} | {lost} |"
         )

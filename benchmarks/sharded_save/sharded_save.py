@@ -76,7 +76,7 @@ class SaveTimer(gl.Callback):
     def __init__(self, folder: Path, save_steps: set[int]) -> None:
         self.folder, self.save_steps = folder, save_steps
         self.saves: list[dict] = []
-        self.steps: list[tuple[float, bool]] = []  # seconds, and whether a write was in flight as the step began
+        self.steps: list[dict] = []  # wall and CPU seconds, and whether a write was in flight as the step began
         self.train_start = 0.0
         self._writing = False
 
@@ -84,10 +84,11 @@ class SaveTimer(gl.Callback):
         self.train_start = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._batch_start, self._began_writing = time.perf_counter(), self._writing
+        self._batch_start, self._batch_cpu, self._began_writing = time.perf_counter(), _cpu(), self._writing
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.steps.append((time.perf_counter() - self._batch_start, self._began_writing))
+        seconds, cpu = time.perf_counter() - self._batch_start, _cpu() - self._batch_cpu
+        self.steps.append({"seconds": seconds, "cpu": cpu, "writing": self._began_writing})
         if trainer.global_step not in self.save_steps:
             return
         Path("/proc/self/clear_refs").write_text("5")
@@ -107,6 +108,11 @@ class SaveTimer(gl.Callback):
         record["peak to in place"] = _kib("VmHWM")
         record["in the background"] = threading.current_thread() is not threading.main_thread()
         self._writing = False
+
+
+def _cpu() -> float:
+    """This process's CPU seconds, user and system, over all its threads (the writer's among them)."""
+    return sum(os.times()[:2])
 
 
 def _kib(field: str, path: str = "/proc/self/status") -> int:
@@ -171,17 +177,15 @@ def summarize(ranks: list[dict], width: int, layers: int, saves: int, every: int
     parameters = width * width * layers
     ways = {}
     for name in WAYS:
-        quiet = [s for rank in ranks for s, writing in rank[name]["steps"][1:] if not writing]
-        busy = [s for rank in ranks for s, writing in rank[name]["steps"] if writing]
-        way = {
-            "fit seconds": [rank[name]["fit"] for rank in ranks],
-            "step seconds": [[s for s, _ in rank[name]["steps"]] for rank in ranks],
-            "step seconds, median": statistics.median(quiet),
-            "step seconds with a write in flight, median": statistics.median(busy) if busy else None,
-        }
-        way["beyond its steps"] = statistics.mean(way["fit seconds"]) - len(
-            ranks[0][name]["steps"]
-        ) * statistics.median(quiet)
+        quiet = [step for rank in ranks for step in rank[name]["steps"][1:] if not step["writing"]]
+        busy = [step for rank in ranks for step in rank[name]["steps"] if step["writing"]]
+        way = {"fit seconds": [rank[name]["fit"] for rank in ranks], "steps": [rank[name]["steps"] for rank in ranks]}
+        for which, steps in (("", quiet), (" with a write in flight", busy)):
+            for measure in ("seconds", "cpu"):
+                values = [step[measure] for step in steps]
+                way[f"step {measure}{which}, median"] = statistics.median(values) if values else None
+        steps_per_fit = len(ranks[0][name]["steps"])
+        way["beyond its steps"] = statistics.mean(way["fit seconds"]) - steps_per_fit * way["step seconds, median"]
         if name != "no saves":
             way["lost per save, seconds"] = (way["beyond its steps"] - ways["no saves"]["beyond its steps"]) / saves
             way["checkpoint bytes"] = sorted(ranks[0][name]["checkpoints"].values())
@@ -264,14 +268,22 @@ def markdown(result: dict) -> str:
                 else ["", ""]
             )
             lines.append(f"| {name} | {rank} | {_pair(found['blocking'])} | {in_place} | " + " | ".join(memory) + " |")
-    lines += ["", "| way | step, no write in flight | step, write in flight | lost per save |"]
-    lines += ["| --- | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        "Steps: median seconds, wall and the process's CPU (all its threads), of the steps begun without a write in "
+        "flight (the first left out) and with one.",
+        "",
+        "| way | step | CPU | step, write in flight | CPU, write in flight | lost per save |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, way in result["ways"].items():
-        busy = way["step seconds with a write in flight, median"]
-        lost = f"{way['lost per save, seconds']:.2f}" if "lost per save, seconds" in way else ""
-        lines.append(
-            f"| {name} | {way['step seconds, median']:.3f} | {'' if busy is None else f'{busy:.3f}'} | {lost} |"
-        )
+        figures = [
+            way[f"step {measure}{which}, median"]
+            for which in ("", " with a write in flight")
+            for measure in ("seconds", "cpu")
+        ]
+        figures.append(way.get("lost per save, seconds"))
+        lines.append(f"| {name} | " + " | ".join("" if f is None else f"{f:.2f}" for f in figures) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -71,7 +71,7 @@ class Stack(gl.Module):
 
 
 class SaveTimer(gl.Callback):
-    """Saves at the chosen steps and times each save, and each step's ``training_step`` to its batch end."""
+    """Saves at the chosen steps and times each save, and each step from its batch start to its batch end."""
 
     def __init__(self, folder: Path, save_steps: set[int]) -> None:
         self.folder, self.save_steps = folder, save_steps

@@ -32,9 +32,10 @@ def test_the_sharded_save_benchmark_times_every_save_of_every_way(tmp_path):
             assert [save["step"] for save in saves] == [2, 4], (name, rank)
             assert all(0 < save["blocking"] <= save["in place"] for save in saves), (name, rank, saves)
             assert way[rank]["memory rise to return, MB"]["max"] >= 0
-        # A synchronous save is in place when it returns; an asynchronous one (almost always) is finished later.
-        background = [save["in the background"] for rank in ("rank 0", "rank 1") for save in way[rank]["each"]]
-        assert any(background) if name == "sharded, async" else not any(background), (name, background)
+        # A synchronous save is in place when it returns. (Whether an asynchronous one is still being written when
+        # it returns depends on timing, so it is not asserted.)
+        if name != "sharded, async":
+            assert not any(save["in the background"] for rank in ("rank 0", "rank 1") for save in way[rank]["each"])
     assert not (set(tmp_path.iterdir()) - {tmp_path / "sharded_save.json", tmp_path / "sharded_save.md"})
     table = (tmp_path / "sharded_save.md").read_text()
     assert "| sharded, async | 1 |" in table and "| no saves |" in table

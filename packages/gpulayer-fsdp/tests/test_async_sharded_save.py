@@ -57,8 +57,8 @@ class _FailingSecondWrite(dcp.FileSystemWriter):
 
 
 class _Look(gl.Callback):
-    """After steps 3 and 5 (one step after each save began): what lies in the checkpoint folder, then one write
-    is let through."""
+    """After steps 3 and 5 (one step after each save began): what lies in the checkpoint folder, then, once every
+    rank has looked, one write is let through."""
 
     def __init__(self, dirpath: Path) -> None:
         self.dirpath, self.seen = dirpath, {}
@@ -66,6 +66,7 @@ class _Look(gl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step in (3, 5):
             self.seen[trainer.global_step] = _contents(self.dirpath)
+            trainer.strategy.barrier()  # no rank's write may begin before rank 0 has looked
             _GatedWriter.permits.release()
 
 

@@ -1,4 +1,7 @@
-"""Lightning's ``CSVLogger`` files: ``<save_dir>/<name>/version_<N>/metrics.csv`` and ``hparams.yaml``, byte for byte."""
+"""Lightning's ``CSVLogger`` files: ``<save_dir>/<name>/version_<N>/metrics.csv`` and ``hparams.yaml``, byte for byte.
+
+As Lightning's (whose ``log_hyperparams``, ``log_metrics``, ``save`` and ``finalize`` are ``rank_zero_only``), it is
+called on every rank and writes nothing off global rank 0."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class CSVLogger(Logger):
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._hparams: dict[str, Any] = {}
+        self._on_rank_zero = True  # until a run tells it its rank (settle)
 
     @property
     def name(self) -> str:
@@ -42,9 +46,10 @@ class CSVLogger(Logger):
             self._version = self._next_version()
         return self._version
 
-    def settle_version(self, runtime: Any) -> None:
-        """On several ranks, every rank takes rank 0's version (each would otherwise pick the next free folder
-        itself, at a different moment)."""
+    def settle(self, runtime: Any) -> None:
+        """Learns whether this rank writes; on several ranks, every rank takes rank 0's version (each would
+        otherwise pick the next free folder itself, at a different moment)."""
+        self._on_rank_zero = runtime.is_global_zero
         if runtime.world_size > 1:
             self._version = runtime.broadcast(self.version if runtime.is_global_zero else None)
 
@@ -60,11 +65,15 @@ class CSVLogger(Logger):
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         """Adds ``params`` to the hparams logged so far and rewrites ``hparams.yaml`` with all of them."""
+        if not self._on_rank_zero:
+            return
         self._start()
         self._hparams.update(params)
         write_atomically(os.path.join(self.log_dir, "hparams.yaml"), hparams_document(self._hparams).encode())
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if not self._on_rank_zero:
+            return
         self._start()
         if step is None:  # Lightning's quirk: the number of rows buffered since the last save
             step = len(self._rows)
@@ -74,6 +83,8 @@ class CSVLogger(Logger):
 
     def save(self) -> None:
         """Appends the buffered rows; rewrites the whole file (atomically) when there is none yet or a new column."""
+        if not self._on_rank_zero:
+            return
         self._start()
         if not self._rows:
             return

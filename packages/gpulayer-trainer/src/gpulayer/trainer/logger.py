@@ -2,8 +2,9 @@
 ``lightning/pytorch/loggers/logger.py``), the base of ``CSVLogger`` and of users' own loggers.
 
 The Trainer takes any object with this interface, Lightning's own loggers included, recognised by its members so
-that the trainer never imports Lightning. GPUlayer calls loggers on global rank 0 only; Lightning's loggers guard
-themselves with ``rank_zero_only``, whose rank ``LoggerRows.set_up`` sets as Lightning's strategies do.
+that the trainer never imports Lightning. As Lightning, GPUlayer calls loggers on every rank (but
+``after_save_checkpoint``, on rank 0 alone); Lightning's loggers guard themselves with ``rank_zero_only``, whose rank
+``LoggerRows.set_up`` sets as Lightning's strategies do, and ``CSVLogger`` with the rank it is told there.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def checkpoint_dir(trainer: Trainer) -> str:
 
 
 def after_save_checkpoint(trainer: Trainer, checkpoint_callback: Any) -> None:
-    """Tells the loggers, on rank 0, that ``checkpoint_callback`` saved (a weak proxy of it, as Lightning passes)."""
+    """Tells the loggers, on rank 0 alone as Lightning's ModelCheckpoint does, that ``checkpoint_callback`` saved (a
+    weak proxy of it, as Lightning passes)."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.after_save_checkpoint(weakref.proxy(checkpoint_callback))

@@ -1,8 +1,8 @@
 """What the logger receives and when: Lightning's rows, pushed only where values are read anyway.
 
 Lightning 2.6's are made by ``_LoggerConnector`` (``lightning/pytorch/trainer/connectors/logger_connector/``) and
-written by its loggers. GPUlayer calls the loggers on global rank 0 alone (Lightning calls them on every rank,
-where its loggers do nothing but on rank 0).
+written by its loggers. As Lightning, GPUlayer calls every logger on every rank, with that rank's values (reduced
+across ranks where ``sync_dist`` asks); loggers that write files guard themselves, as ``CSVLogger`` does.
 
 Training step rows at the ``log_every_n_steps`` points (the log line's), evaluation step rows for metrics
 logged with ``on_step=True`` in evaluation, one row per evaluation run and one per training epoch, each followed
@@ -33,18 +33,17 @@ class LoggerRows:
     def set_up(self) -> None:
         """Before the ``setup`` hooks: Lightning's ``rank_zero_only.rank`` set to this rank, as its strategies set
         it (its loggers then write on rank 0 alone, whatever the environment said when Lightning was imported);
-        every rank on rank 0's CSVLogger version; each logger's folder made on rank 0, as Lightning's setup makes
-        it by reading ``logger.experiment`` (a CSVLogger saves)."""
+        every CSVLogger on rank 0's version and told this rank; then, on every rank as Lightning's setup does,
+        ``logger.experiment`` read (a CSVLogger saves, which makes its folder on rank 0)."""
         trainer = self.trainer
         rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")  # never imported here
         if rank_zero is not None:
             rank_zero.rank_zero_only.rank = trainer.global_rank
         for logger in trainer.loggers:
             if isinstance(logger, CSVLogger):
-                logger.settle_version(trainer.runtime)
-                if trainer.is_global_zero:
-                    logger.save()
-            elif trainer.is_global_zero and hasattr(logger, "experiment"):
+                logger.settle(trainer.runtime)
+                logger.save()
+            elif hasattr(logger, "experiment"):
                 _ = logger.experiment
         if trainer.loggers:
             first = trainer.loggers[0]
@@ -55,9 +54,9 @@ class LoggerRows:
         """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of
         batches that stepped (plus ``step_offset``). Each logger saves after the row, as in Lightning, except after
         evaluation step rows (``save=False``): those stay buffered until the evaluation's end, so that no file is
-        written per step."""
+        written per step. Called on every rank, only where the rows are made anyway (never an extra read per step)."""
         trainer = self.trainer
-        if not trainer.loggers or not metrics or not trainer.is_global_zero:
+        if not trainer.loggers or not metrics:
             return
         scalars = {name: value.item() if isinstance(value, torch.Tensor) else value for name, value in metrics.items()}
         if step is None:
@@ -76,7 +75,7 @@ class LoggerRows:
         """The module's (and DataModule's) ``save_hyperparameters`` values, then ``log_graph(module)`` and ``save``,
         at the start of every run (unless ``enable_autolog_hparams=False``)."""
         trainer = self.trainer
-        if not trainer.loggers or not trainer.is_global_zero or not trainer.args.enable_autolog_hparams:
+        if not trainer.loggers or not trainer.args.enable_autolog_hparams:
             return
         module, datamodule = trainer.lightning_module, trainer.datamodule
         logged: dict[str, Any] | None = None
@@ -101,6 +100,7 @@ class LoggerRows:
             logger.save()
 
     def finalize(self, status: str) -> None:
-        if self.trainer.is_global_zero:
-            for logger in self.trainer.loggers:
-                logger.finalize(status)
+        """Lightning's ``finalize`` of every logger, on every rank: ``"success"`` after a run, ``"failed"`` after
+        ``on_exception``."""
+        for logger in self.trainer.loggers:
+            logger.finalize(status)

@@ -92,13 +92,14 @@ def _run(framework, root, rank, fail):
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, log_every_n_steps=2, default_root_dir=root,
         logger=[recording, csv], **extra,
     )  # fmt: skip
+    module = _module(gl.Module if ours else framework.LightningModule, fail)
     try:
-        trainer.fit(_module(gl.Module if ours else framework.LightningModule, fail), DataLoader(data, batch_size=4),
-                    DataLoader(data, batch_size=8))  # fmt: skip
+        trainer.fit(module, DataLoader(data, batch_size=4), DataLoader(data, batch_size=8))
     except RuntimeError as error:
         assert fail and "a failing step" in str(error)
-    written = sorted(os.path.relpath(os.path.join(top, name), csv_root) for top, _, names in os.walk(csv_root)
-                     for name in names)  # fmt: skip
+    written = sorted(
+        os.path.relpath(os.path.join(top, name), csv_root) for top, _, names in os.walk(csv_root) for name in names
+    )
     return recording.calls, written
 
 
@@ -128,7 +129,7 @@ def test_every_rank_calls_the_loggers_as_lightning_and_csv_writes_on_rank_zero_a
     assert ("after_save_checkpoint",) in ok0 and ("after_save_checkpoint",) not in ok1
 
     def rows(calls, name):
-        return [metrics[name] for call, _, metrics in (c for c in calls if c[0] == "log_metrics") if name in metrics]
+        return [call[2][name] for call in calls if call[0] == "log_metrics" and name in call[2]]
 
     assert rows(ok0, "train_loss_step") != rows(ok1, "train_loss_step")  # each rank's own batches
     assert rows(ok0, "synced_loss") == rows(ok1, "synced_loss") != []

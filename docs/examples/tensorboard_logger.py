@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.tensorboard import SummaryWriter
 
-from gpulayer.trainer import Logger, Module, Trainer
+from gpulayer.trainer import Logger, Module, Trainer, rank_zero_only
 
 
 class TensorBoardLogger(Logger):
@@ -28,21 +28,26 @@ class TensorBoardLogger(Logger):
     log_dir = property(lambda self: os.path.join(self._save_dir, self._name, f"version_{self._version}"))
 
     @property
-    def experiment(self):  # the SummaryWriter: self.logger.experiment.add_image(...) in a step (on rank 0)
-        if self._writer is None:
+    def experiment(self):  # the SummaryWriter on rank 0 (None elsewhere): self.logger.experiment.add_image(...)
+        if self._writer is None and rank_zero_only.rank == 0:
             self._writer = SummaryWriter(self.log_dir)
         return self._writer
 
+    # The Trainer calls a logger on every rank, as Lightning does: these write on rank 0 alone.
+    @rank_zero_only
     def log_metrics(self, metrics, step=None):
         for name, value in metrics.items():
             self.experiment.add_scalar(name, value, step)
 
+    @rank_zero_only
     def log_hyperparams(self, params, *args, **kwargs):
         self.experiment.add_text("hparams", "\n".join(f"    {key}: {value}" for key, value in dict(params).items()))
 
+    @rank_zero_only
     def save(self):
         self.experiment.flush()
 
+    @rank_zero_only
     def finalize(self, status):
         if self._writer is not None:
             self._writer.close()

@@ -2,6 +2,7 @@
 counts and callbacks, ``init_module``, ``PL_TRAINER_*`` defaults; the Module's loggers, ``all_gather`` and
 checkpoint keys; the DataModule's ``from_datasets``, ``__str__`` and ``load_from_checkpoint``."""
 
+import sys
 import warnings
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
+from gpulayer.runtime.testing import clean_environment, run_command
 
 from .conftest import line_fitter, quiet_lightning
 
@@ -229,3 +231,39 @@ def test_strategy_remove_checkpoint_deletes_a_file_or_folder_as_in_lightning(tmp
         for path in (file, folder, tmp_path / f"{name}-never-written.ckpt"):
             strategy.remove_checkpoint(path)
         assert not file.exists() and not folder.exists()
+
+
+def test_rank_zero_only_runs_on_rank_zero_alone_and_reads_the_rank_as_lightnings_does():
+    """``gpulayer.trainer.rank_zero_only`` against ``lightning.pytorch.utilities.rank_zero_only``: the wrapped call
+    runs where ``rank`` is 0 and returns ``default`` elsewhere; ``rank`` starts from the launcher's environment."""
+    from lightning.pytorch.utilities import rank_zero_only as theirs
+
+    from gpulayer.trainer import rank_zero_only as ours
+
+    for decorator in (ours, theirs):
+        saved, calls = decorator.rank, []
+
+        def write(value, calls=calls):
+            """Writes."""
+            calls.append(value)
+            return "written"
+
+        try:
+            wrapped = decorator(write, default="skipped")
+            decorator.rank = 0
+            first = wrapped(1)
+            decorator.rank = 1
+            assert (first, wrapped(2), calls, wrapped.__doc__) == ("written", "skipped", [1], "Writes."), decorator
+        finally:
+            decorator.rank = saved
+    probe = (
+        "from gpulayer.trainer import rank_zero_only as g; from lightning.pytorch.utilities import rank_zero_only as l;"
+        "print(g.rank, l.rank)"
+    )
+    for environment, expected in (
+        ({"LOCAL_RANK": "2"}, "2 2"),
+        ({"SLURM_PROCID": "3", "RANK": "1"}, "1 1"),
+        ({}, "0 0"),
+    ):
+        finished = run_command([sys.executable, "-c", probe], timeout=120, env=clean_environment(**environment))
+        assert finished.stdout.split() == expected.split(), (environment, finished.stdout, finished.stderr)

@@ -9,6 +9,7 @@ from gpulayer.trainer.ddp import DDPStrategy
 from gpulayer.trainer.exceptions import MisconfigurationException, PossibleUserWarning
 from gpulayer.trainer.logger import Logger
 from gpulayer.trainer.module import Module
+from gpulayer.trainer.rank_zero import rank_zero_only
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.strategy import SingleDeviceStrategy, Strategy
 from gpulayer.trainer.sync_decisions import NonFiniteLossError
@@ -31,5 +32,6 @@ __all__ = [
     "Strategy",
     "Trainer",
     "__version__",
+    "rank_zero_only",
     "seed_everything",
 ]

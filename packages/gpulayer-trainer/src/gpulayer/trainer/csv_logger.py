@@ -13,6 +13,7 @@ from typing import Any
 
 from gpulayer.trainer.logger import Logger
 from gpulayer.trainer.private_files import make_folders, write_atomically
+from gpulayer.trainer.rank_zero import rank_zero_only
 from gpulayer.trainer.yaml_dump import hparams_document
 
 # Lightning's log_metrics also saves by itself every 100 steps (its default ``flush_logs_every_n_steps``).
@@ -30,7 +31,6 @@ class CSVLogger(Logger):
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._hparams: dict[str, Any] = {}
-        self._on_rank_zero = True  # until a run tells it its rank (settle)
 
     @property
     def name(self) -> str:
@@ -46,10 +46,9 @@ class CSVLogger(Logger):
             self._version = self._next_version()
         return self._version
 
-    def settle(self, runtime: Any) -> None:
-        """Learns whether this rank writes; on several ranks, every rank takes rank 0's version (each would
-        otherwise pick the next free folder itself, at a different moment)."""
-        self._on_rank_zero = runtime.is_global_zero
+    def settle_version(self, runtime: Any) -> None:
+        """On several ranks, every rank takes rank 0's version (each would otherwise pick the next free folder
+        itself, at a different moment)."""
         if runtime.world_size > 1:
             self._version = runtime.broadcast(self.version if runtime.is_global_zero else None)
 
@@ -63,17 +62,15 @@ class CSVLogger(Logger):
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.join(self.save_dir, self.name, version)
 
+    @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         """Adds ``params`` to the hparams logged so far and rewrites ``hparams.yaml`` with all of them."""
-        if not self._on_rank_zero:
-            return
         self._start()
         self._hparams.update(params)
         write_atomically(os.path.join(self.log_dir, "hparams.yaml"), hparams_document(self._hparams).encode())
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if not self._on_rank_zero:
-            return
         self._start()
         if step is None:  # Lightning's quirk: the number of rows buffered since the last save
             step = len(self._rows)
@@ -81,10 +78,9 @@ class CSVLogger(Logger):
         if (step + 1) % _FLUSH_EVERY_N_STEPS == 0:
             self.save()
 
+    @rank_zero_only
     def save(self) -> None:
         """Appends the buffered rows; rewrites the whole file (atomically) when there is none yet or a new column."""
-        if not self._on_rank_zero:
-            return
         self._start()
         if not self._rows:
             return
@@ -105,6 +101,7 @@ class CSVLogger(Logger):
             write_atomically(path, text.getvalue().encode())
         self._columns, self._rows = columns, []
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         if self._started:
             self.save()

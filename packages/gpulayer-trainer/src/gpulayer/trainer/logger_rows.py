@@ -20,6 +20,7 @@ import torch
 from gpulayer.trainer.csv_logger import CSVLogger
 from gpulayer.trainer.exceptions import HyperparameterClashError
 from gpulayer.trainer.logger import logger_folder
+from gpulayer.trainer.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
@@ -31,17 +32,18 @@ class LoggerRows:
         self.settled_log_dir: tuple[Any, str | None] | None = None  # (the first logger, rank 0's folder for it)
 
     def set_up(self) -> None:
-        """Before the ``setup`` hooks: Lightning's ``rank_zero_only.rank`` set to this rank, as its strategies set
-        it (its loggers then write on rank 0 alone, whatever the environment said when Lightning was imported);
+        """Before the ``setup`` hooks: GPUlayer's and Lightning's ``rank_zero_only.rank`` set to this rank, as
+        Lightning's strategies set it (loggers then write on rank 0 alone, whatever the environment said at import);
         every CSVLogger on rank 0's version and told this rank; then, on every rank as Lightning's setup does,
         ``logger.experiment`` read (a CSVLogger saves, which makes its folder on rank 0)."""
         trainer = self.trainer
-        rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")  # never imported here
-        if rank_zero is not None:
-            rank_zero.rank_zero_only.rank = trainer.global_rank
+        rank_zero_only.rank = trainer.global_rank
+        lightnings = sys.modules.get("lightning_utilities.core.rank_zero")  # never imported here
+        if lightnings is not None:
+            lightnings.rank_zero_only.rank = trainer.global_rank
         for logger in trainer.loggers:
             if isinstance(logger, CSVLogger):
-                logger.settle(trainer.runtime)
+                logger.settle_version(trainer.runtime)
                 logger.save()
             elif hasattr(logger, "experiment"):
                 _ = logger.experiment

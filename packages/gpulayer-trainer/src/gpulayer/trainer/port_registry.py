@@ -113,8 +113,9 @@ REGISTRY: dict[str, Answer] = {
         NOT_ADOPTED,
         "GPUlayer has no LightningCLI; build the Trainer from your own configuration: Trainer(**config['trainer'])",
     ),
+    "lightning.pytorch.utilities.rank_zero.rank_zero_only": _adopted("gpulayer.trainer.rank_zero_only"),
     "lightning.pytorch.utilities.rank_zero.": Answer(
-        NOT_ADOPTED, "GPUlayer has no rank-zero helpers; guard the code with `if trainer.is_global_zero:`"
+        NOT_ADOPTED, "GPUlayer has rank_zero_only alone; guard the code with `if trainer.is_global_zero:`"
     ),
     "lightning.fabric.": Answer(NOT_ADOPTED, f"GPUlayer has no Fabric; {_LAUNCH}"),
     "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),

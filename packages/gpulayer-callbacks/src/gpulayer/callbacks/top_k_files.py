@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer import checkpoint_io
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.logger import after_save_checkpoint
 
@@ -201,10 +202,7 @@ class TopKFiles:
 
 
 def _link(filepath: str, linkpath: str) -> None:
-    if os.path.islink(linkpath) or os.path.isfile(linkpath):
-        os.remove(linkpath)
-    elif os.path.isdir(linkpath):
-        shutil.rmtree(linkpath)
+    checkpoint_io.remove(linkpath)
     try:
         os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
     except OSError:

@@ -83,14 +83,15 @@ class AsyncSaves:
                     sharded_checkpoint.publish(temporary, path, meta)
         except BaseException as raised:  # DCP's CheckpointException is a BaseException
             error = raised
-        failed = torch.tensor([error is not None], dtype=torch.int32)
-        dist.all_reduce(failed, dist.ReduceOp.MAX, group=self._group)
+        flag = torch.tensor([error is not None], dtype=torch.int32)
+        dist.all_reduce(flag, dist.ReduceOp.MAX, group=self._group)
+        failed = bool(flag.item())  # on any rank
         with self._lock:
             actions, self._after_write, self._path = self._after_write, [], None
-            if error is None and not failed.item():
+            if not failed:
                 for action in actions:
                     action()
-        if failed.item():
+        if failed:
             why = (
                 f"{type(error).__name__}: {error}"
                 if error is not None

@@ -89,7 +89,7 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         # run switched to "full") is swapped out in the same single step, as a folder save swaps out a file.
         _exchange(temporary, path) if replaced_folder else os.replace(temporary, path)
     if replaced_folder:
-        shutil.rmtree(temporary)
+        remove(temporary)
     _fsync_folder(folder)
 
 
@@ -181,10 +181,20 @@ def publish_folder(temporary: str, path: str | os.PathLike) -> None:
     _fsync_tree(temporary)
     if os.path.lexists(path):
         _exchange(temporary, path)  # the old checkpoint now lies at the temporary name, which no pattern matches
-        shutil.rmtree(temporary) if os.path.isdir(temporary) and not os.path.islink(temporary) else os.unlink(temporary)
+        remove(temporary)
     else:
         os.rename(temporary, path)
     _fsync_folder(os.path.dirname(path))
+
+
+def remove(path: str | os.PathLike) -> None:
+    """A checkpoint file, link (dangling or not: the link itself) or folder, if there."""
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
 
 
 def _exchange(first: str, second: str) -> None:

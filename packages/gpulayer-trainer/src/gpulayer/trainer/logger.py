@@ -4,7 +4,7 @@
 The Trainer takes any object with this interface, Lightning's own loggers included, recognised by its members so
 that the trainer never imports Lightning. As Lightning, GPUlayer calls loggers on every rank (but
 ``after_save_checkpoint``, on rank 0 alone); Lightning's loggers guard themselves with ``rank_zero_only``, whose rank
-``LoggerRows.set_up`` sets as Lightning's strategies do, and ``CSVLogger`` with the rank it is told there.
+``LoggerRows.set_up`` sets as Lightning's strategies do, and ``CSVLogger`` with GPUlayer's own ``rank_zero_only``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class LoggerRows:
     def set_up(self) -> None:
         """Before the ``setup`` hooks: GPUlayer's and Lightning's ``rank_zero_only.rank`` set to this rank, as
         Lightning's strategies set it (loggers then write on rank 0 alone, whatever the environment said at import);
-        every CSVLogger on rank 0's version and told this rank; then, on every rank as Lightning's setup does,
+        every CSVLogger on rank 0's version; then, on every rank as Lightning's setup does,
         ``logger.experiment`` read (a CSVLogger saves, which makes its folder on rank 0)."""
         trainer = self.trainer
         rank_zero_only.rank = trainer.global_rank

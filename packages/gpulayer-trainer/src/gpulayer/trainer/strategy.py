@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -123,7 +122,7 @@ class Strategy:
         """Delete a checkpoint file (or folder) on global rank 0, if it exists, once the checkpoints being saved are
         in place (``when_checkpoints_written``); the other ranks return at once."""
         if self.is_global_zero:
-            self.when_checkpoints_written(functools.partial(_remove, filepath))
+            self.when_checkpoints_written(functools.partial(checkpoint_io.remove, filepath))
 
     def when_checkpoints_written(self, action: Callable[[], None]) -> None:
         """Run ``action``, global rank 0's work on checkpoint files (removing an old one, linking ``last``), once
@@ -237,16 +236,6 @@ class Strategy:
     def load_folder_weights(self, path: str, strict: bool) -> None:
         """Read a sharded folder's model into the module: whole tensors, as one process (and DDP) holds them."""
         _sharded_folder().load_model(self.lightning_module, path, strict)
-
-
-def _remove(filepath: str | os.PathLike) -> None:
-    """A checkpoint file, link or folder, if there (a dangling link included)."""
-    if not os.path.lexists(filepath):
-        return
-    if os.path.isdir(filepath) and not os.path.islink(filepath):
-        shutil.rmtree(filepath)
-    else:
-        os.remove(filepath)
 
 
 def _sharded_folder() -> ModuleType:

@@ -32,14 +32,21 @@ TEST_REQUIREMENTS = {
     "gpulayer-trainer": ["lightning==2.6.*", "omegaconf>=2.2.3,<3.0", "tensorboard>=2.15", "rich>=13"],
     "gpulayer-callbacks": ["lightning==2.6.*"],
 }
-EXTRAS = {"gpulayer-trainer": "[plot,port]"}  # matplotlib and libcst, for gpulayer plot and port and their tests
-# Installed in dependency order: runtime, trainer, callbacks and fsdp, then the meta distribution that pins them.
-DISTRIBUTIONS = ["gpulayer-runtime", "gpulayer-trainer", "gpulayer-callbacks", "gpulayer-fsdp", "gpulayer"]
+EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests
+# Installed in dependency order: runtime, trainer, callbacks, fsdp and port, then the meta distribution that pins them.
+DISTRIBUTIONS = [
+    "gpulayer-runtime",
+    "gpulayer-trainer",
+    "gpulayer-callbacks",
+    "gpulayer-fsdp",
+    "gpulayer-port",
+    "gpulayer",
+]
 PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 
 def _install(session: nox.Session) -> None:
-    """Torch first (pinned), then every distribution editable (the trainer with its plot and port extras), then the test tools."""
+    """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools."""
     session.install(*shlex.split(TORCH))
     test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
     editable = [f"packages/{name}" + EXTRAS.get(name, "") for name in DISTRIBUTIONS]
@@ -123,6 +130,11 @@ LAUNCHER_TESTS = "packages/gpulayer-runtime/tests/test_launch.py"
 RELIABILITY_REPORT = "tools/reliability_report.py"
 NEWCOMER_CHECK = "tools/newcomer_check.py"
 COMPARISON = "benchmarks/lightning_comparison/compare.py"
+# Run where gpulayer-trainer is installed alone: neither the porting code nor its command come with it.
+WITHOUT_PORT = (
+    "import importlib.metadata as m, importlib.util as u; assert u.find_spec('gpulayer.port') is None; "
+    "assert 'port' not in m.entry_points(group='gpulayer.commands').names"
+)
 
 
 @nox.session(default=False)
@@ -245,6 +257,8 @@ def _isolation(session: nox.Session) -> None:
         package = "gpulayer." + (name.removeprefix("gpulayer-") if name != "gpulayer" else "runtime")
         where = f"import {package} as p; assert str(p.__file__).startswith({str(venv)!r}), p.__file__"
         session.run(python, "-c", where, external=True)
+        if name == "gpulayer-trainer":  # the loop only: the porting tool is gpulayer-port's
+            session.run(python, "-c", WITHOUT_PORT, external=True)
         # Multi-process tests run the same code in `gloo` (with every distribution installed) and would double
         # the CI time here; only the runtime's launcher tests run again, to check the installed `gpulayer` command.
         pytest = [python, "-m", *PYTEST, "-p", "no:cacheprovider"]

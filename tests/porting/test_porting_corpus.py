@@ -18,10 +18,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("libcst")
-
-from gpulayer.trainer import port_registry as registry
-from gpulayer.trainer.port_files import port_paths
+from gpulayer.port import registry
+from gpulayer.port.files import port_paths
 
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "corpus"

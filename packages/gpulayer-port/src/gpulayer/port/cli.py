@@ -1,6 +1,5 @@
 """``gpulayer port``: a Lightning 2.6 project ported to GPUlayer in one command, with a report of what GPUlayer does
-not adopt (ADR 0023). libcst, which rewrites the code and keeps every other byte, is the optional extra
-``gpulayer-trainer[port]``.
+not adopt (ADR 0023). libcst rewrites the code and keeps every other byte.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-INSTALL_HINT = 'gpulayer port needs libcst: pip install "gpulayer-trainer[port]" (or pip install libcst)'
+from gpulayer.port.files import PortInputError, port_paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,13 +24,6 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--in-place", action="store_true", help="rewrite the files where they are")
     mode.add_argument("--check", action="store_true", help="write nothing, report only")
     args = parser.parse_args(argv)
-    try:
-        from gpulayer.trainer.port_files import PortInputError, port_paths
-    except ModuleNotFoundError as missing:
-        if missing.name != "libcst":
-            raise
-        print(INSTALL_HINT, file=sys.stderr)
-        return 2
     try:
         report = port_paths(args.sources, out=args.out, in_place=args.in_place)
     except PortInputError as bad:

@@ -1,7 +1,7 @@
 """The rewrite of one Python source: Lightning's adopted names become GPUlayer's, what is not adopted is reported and
 its import marked; every other byte stays (libcst keeps comments and formatting).
 
-Each import of a Lightning name is resolved through ``port_registry``; a module bound by an import
+Each import of a Lightning name is resolved through ``registry``; a module bound by an import
 (``import lightning as L``, ``from lightning.pytorch import callbacks``) is followed through each attribute chain
 that uses it (``L.pytorch.callbacks.ModelCheckpoint``). A rewritten name takes GPUlayer's name (``LightningModule``
 -> ``Module``) unless the file binds that name already, and a run of consecutive import lines becomes one sorted
@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
-from gpulayer.trainer import port_registry as registry
+from gpulayer.port import registry
 
 MARK = "# gpulayer port: "
 _TRAINER = "lightning.pytorch.Trainer"

@@ -1,5 +1,5 @@
 """``port_paths``: ``gpulayer port``'s work on files: the ``.py`` files and notebooks given or found in the folders
-given, each ported by ``port_rewrite`` and written under ``out``, in place, or nowhere.
+given, each ported by ``rewrite`` and written under ``out``, in place, or nowhere.
 
 Every input is checked before anything is written. A notebook's code cells are ported as one source (they share
 one namespace), with IPython's magics (``%time``, ``!pip``) kept aside and a ``%%`` cell left whole.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from gpulayer.trainer.port_rewrite import Finding, port_code
+from gpulayer.port.rewrite import Finding, port_code
 from gpulayer.trainer.private_files import make_folders, write_atomically
 
 SUFFIXES = (".py", ".ipynb")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, preemption, seed_everything
+from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, hpc, seed_everything
 from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
 
 
@@ -370,7 +370,7 @@ def test_no_checkpoint_pattern_finds_a_dead_writers_temporary(tmp_path):
     assert [path.name for path in tmp_path.rglob("*.ckpt")] == ["hpc_ckpt_1.ckpt"]
     assert sorted(tmp_path.glob("*.ckpt"))[-1].name == "hpc_ckpt_1.ckpt"
     assert list((tmp_path / "checkpoints").glob("*.ckpt")) == []
-    assert preemption.hpc_resume_path(str(tmp_path)).endswith("hpc_ckpt_1.ckpt")
+    assert hpc.hpc_resume_path(str(tmp_path)).endswith("hpc_ckpt_1.ckpt")
     resumed = _trainer(tmp_path, max_epochs=1, enable_checkpointing=True, logger=False)
     with warnings.catch_warnings(), pytest.warns(UserWarning, match=r"no last\*\.ckpt found"):
         warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty", UserWarning)

@@ -95,7 +95,7 @@ class DataModule(DataHooks, HyperparametersMixin):
             raise NotImplementedError(
                 "load_from_checkpoint(hparams_file=...) is not supported; pass overrides as kwargs"
             )
-        from gpulayer.trainer.checkpoint import load_datamodule
+        from gpulayer.trainer.saving import load_datamodule
 
         return load_datamodule(cls, checkpoint_path, **kwargs)
 

@@ -354,7 +354,7 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
             raise NotImplementedError(
                 "load_from_checkpoint(hparams_file=...) is not supported; pass overrides as kwargs"
             )
-        from gpulayer.trainer.checkpoint import load_module
+        from gpulayer.trainer.saving import load_module
 
         return load_module(cls, checkpoint_path, map_location, strict, weights_only, **kwargs)
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpulayer.trainer.preemption import SIGTERMException, hpc_save_path
+from gpulayer.trainer.hpc import hpc_save_path
+from gpulayer.trainer.preemption import SIGTERMException
 
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer

@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.callbacks import ModelCheckpoint
 from gpulayer.runtime.testing import run_command
-from gpulayer.trainer import Module, Trainer, checkpoint_io
-from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
+from gpulayer.trainer import Module, Trainer
+from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.checkpoint_io import UnsafeCheckpointError
 
 LISTENING_SCRIPT = Path(__file__).with_name("_listening_script.py")
 LOOPBACK = ("127.", "[::1]")

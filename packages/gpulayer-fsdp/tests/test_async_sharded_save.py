@@ -24,7 +24,7 @@ import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
 from gpulayer.fsdp.async_save import AsyncSaves
 from gpulayer.runtime.testing import RankFailedError, run_ranks
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint import checkpoint_io
 
 from .conftest import Block, loader, make_model, packed, unpacked
 

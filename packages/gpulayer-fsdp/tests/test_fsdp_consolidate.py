@@ -76,7 +76,7 @@ def _two_ranks(runtime, folder: str) -> bytes:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from gpulayer.fsdp import FSDPStrategy
-    from gpulayer.trainer.checkpoint import dump_checkpoint
+    from gpulayer.trainer.checkpoint.checkpoint import dump_checkpoint
 
     folder, model = Path(folder), Net()
     trainer = _trainer(folder / "fsdp", 2, FSDPStrategy(), STEPS)

@@ -8,7 +8,7 @@ from torch import nn
 import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
 from gpulayer.fsdp.sharding import units
-from gpulayer.trainer.strategy_names import registered_strategies
+from gpulayer.trainer.strategies.strategy_names import registered_strategies
 
 from .conftest import Block, LanguageModel, Regression
 

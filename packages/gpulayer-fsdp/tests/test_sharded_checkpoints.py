@@ -18,7 +18,7 @@ import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
 from gpulayer.fsdp.full_state import gather, gather_optimizer
 from gpulayer.runtime.testing import RankFailedError, run_ranks
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint import checkpoint_io
 
 from .conftest import WIDTH, Block, loader, make_model, packed, unpacked
 

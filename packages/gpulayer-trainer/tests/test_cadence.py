@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from gpulayer.trainer import Callback, Module, Trainer, seed_everything
-from gpulayer.trainer.timer import Timer
+from gpulayer.trainer.loops.timer import Timer
 
 
 class _Recorder(Module):

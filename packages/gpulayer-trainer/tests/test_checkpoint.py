@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpulayer.trainer import Callback, Module, Trainer, checkpoint_io, hpc, seed_everything
-from gpulayer.trainer.checkpoint_io import UnsafeCheckpointError
+from gpulayer.trainer import Callback, Module, Trainer, seed_everything
+from gpulayer.trainer.checkpoint import checkpoint_io, hpc
+from gpulayer.trainer.checkpoint.checkpoint_io import UnsafeCheckpointError
 
 
 class Regressor(Module):
@@ -285,7 +286,7 @@ def test_validate_test_and_predict_load_weights_from_a_checkpoint(tmp_path):
 
 _KILLED_MID_SAVE = """
 import sys, torch
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint import checkpoint_io
 
 def half_then_block(obj, file):
     file.write(b"x" * 1_000_000)

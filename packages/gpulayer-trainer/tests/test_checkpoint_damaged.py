@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import DataModule, Module, Trainer
-from gpulayer.trainer.checkpoint_io import (
+from gpulayer.trainer.checkpoint.checkpoint_io import (
     DamagedCheckpointError,
     EmptyCheckpointError,
     NotACheckpointError,

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
-from gpulayer.trainer.checkpoint_io import load
+from gpulayer.trainer.checkpoint.checkpoint_io import load
 
 
 def _module_class(base):

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from gpulayer.trainer.csv_logger import CSVLogger
+from gpulayer.trainer.logging.csv_logger import CSVLogger
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

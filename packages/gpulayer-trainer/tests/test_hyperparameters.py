@@ -9,7 +9,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from gpulayer.trainer.hyperparameters import AttributeDict, HyperparametersMixin
+from gpulayer.trainer.core.hyperparameters import AttributeDict, HyperparametersMixin
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

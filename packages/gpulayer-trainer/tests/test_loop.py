@@ -264,7 +264,7 @@ def test_a_sync_dist_group_is_refused_naming_the_metric(tmp_path):
 
 
 def test_batches_reads_no_batch_past_the_count_and_needs_only_next():
-    from gpulayer.trainer.data import batches
+    from gpulayer.trainer.data.data import batches
 
     class NextOnly:  # an iterator that only defines __next__: the loop must not need more
         def __init__(self, items):

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, Trainer
-from gpulayer.trainer.plot import INSTALL_HINT, main, read_panels
+from gpulayer.trainer.logging.plot import INSTALL_HINT, main, read_panels
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -99,7 +99,7 @@ def test_bad_input_is_refused_naming_the_argument_before_anything_is_written(tmp
 def test_without_matplotlib_it_says_how_to_install_it(tmp_path):
     metrics_csv = _fit(tmp_path, max_epochs=1)
     hide_matplotlib = "import sys; sys.modules['matplotlib'] = None"  # as if it were not installed
-    code = f"{hide_matplotlib}; from gpulayer.trainer.plot import main; sys.exit(main([{str(metrics_csv)!r}]))"
+    code = f"{hide_matplotlib}; from gpulayer.trainer.logging.plot import main; sys.exit(main([{str(metrics_csv)!r}]))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip() == INSTALL_HINT

@@ -14,7 +14,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from gpulayer.trainer.samplers import ShardedSampler, set_sampler_epoch, with_distributed_sampler
+from gpulayer.trainer.data.samplers import ShardedSampler, set_sampler_epoch, with_distributed_sampler
 
 DATA = TensorDataset(torch.arange(10.0))
 

@@ -8,7 +8,7 @@ import torch
 
 from gpulayer.runtime import Placement
 from gpulayer.trainer import Trainer
-from gpulayer.trainer.world import device_of, on_chosen_gpu
+from gpulayer.trainer.strategies.world import device_of, on_chosen_gpu
 
 TORCHRUN = {"GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "LOCAL_RANK": "0"}
 
@@ -33,7 +33,7 @@ def test_a_launchers_world_that_disagrees_with_devices_and_num_nodes_is_refused(
 
 
 def test_a_published_strategy_that_is_not_installed_names_its_distribution(monkeypatch):
-    from gpulayer.trainer import strategy_names
+    from gpulayer.trainer.strategies import strategy_names
 
     monkeypatch.setattr(strategy_names, "registered_strategies", dict)
     with pytest.raises(

@@ -13,8 +13,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 import gpulayer.trainer as gl
 from gpulayer.runtime.testing import run_ranks
+from gpulayer.trainer.data.loader_rebuild import capturing_init_arguments, rebuilt
 from gpulayer.trainer.exceptions import MisconfigurationException
-from gpulayer.trainer.loader_rebuild import capturing_init_arguments, rebuilt
 
 from .conftest import quiet_lightning
 

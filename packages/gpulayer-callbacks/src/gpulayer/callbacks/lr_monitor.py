@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import Callback
-from gpulayer.trainer.callback import follows_cadence
+from gpulayer.trainer.core.callback import follows_cadence
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 

@@ -25,10 +25,10 @@ import torch
 
 from gpulayer.callbacks.top_k_files import TopKFiles
 from gpulayer.trainer import Checkpoint
-from gpulayer.trainer.callback import follows_cadence
+from gpulayer.trainer.core.callback import follows_cadence
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
-from gpulayer.trainer.logger import checkpoint_dir
-from gpulayer.trainer.yaml_dump import yaml_document
+from gpulayer.trainer.logging.logger import checkpoint_dir
+from gpulayer.trainer.logging.yaml_dump import yaml_document
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint import checkpoint_io
 from gpulayer.trainer.exceptions import MisconfiguredValueError
-from gpulayer.trainer.logger import after_save_checkpoint
+from gpulayer.trainer.logging.logger import after_save_checkpoint
 
 log = logging.getLogger("gpulayer.callbacks.model_checkpoint")
 

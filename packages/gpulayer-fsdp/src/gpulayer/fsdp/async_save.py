@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from gpulayer.fsdp import sharded_checkpoint
-from gpulayer.trainer import checkpoint_io
+from gpulayer.trainer.checkpoint import checkpoint_io
 
 
 class AsyncSaves:

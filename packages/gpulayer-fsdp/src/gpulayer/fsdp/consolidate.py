@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpulayer.trainer import checkpoint_io
-from gpulayer.trainer.checkpoint_io import DCP_METADATA, METADATA_FILENAME
+from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.checkpoint_io import DCP_METADATA, METADATA_FILENAME
 
 _OPTIMIZER_PREFIX = "optimizer_"
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gpulayer.trainer import checkpoint_io
-from gpulayer.trainer.checkpoint_io import METADATA_FILENAME, is_sharded_checkpoint
+from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.checkpoint_io import METADATA_FILENAME, is_sharded_checkpoint
 
 
 def save(checkpoint: dict[str, Any], path: str | os.PathLike, runtime: Any) -> None:

@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from gpulayer.fsdp import full_state
-from gpulayer.trainer.ddp import StepRunner
+from gpulayer.trainer.strategies.ddp import StepRunner
 
 if TYPE_CHECKING:
     from gpulayer.fsdp.strategy import FSDPStrategy

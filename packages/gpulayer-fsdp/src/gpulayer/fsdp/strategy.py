@@ -17,8 +17,8 @@ from torch import nn
 from gpulayer.fsdp import sharded_checkpoint
 from gpulayer.fsdp.async_save import AsyncSaves
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
-from gpulayer.trainer import sharded_folder
-from gpulayer.trainer.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
+from gpulayer.trainer.checkpoint import sharded_folder
+from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
 Policy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
 ShardFunction = Callable[..., None]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpulayer.trainer import argument_checks as checks
 from gpulayer.trainer.arguments import DECLARATIONS
-from gpulayer.trainer.strategy_names import check_strategy
+from gpulayer.trainer.strategies.strategy_names import check_strategy
 
 ADOPTED = "adopted"  # GPUlayer's name, same behaviour: the import is rewritten
 DIFFERENT = "adopted with a difference"  # rewritten; the porting guide documents the difference

@@ -2,17 +2,17 @@
 
 from importlib.metadata import version
 
-from gpulayer.trainer.callback import Callback, Checkpoint
-from gpulayer.trainer.csv_logger import CSVLogger
-from gpulayer.trainer.datamodule import DataModule
-from gpulayer.trainer.ddp import DDPStrategy
+from gpulayer.trainer.core.callback import Callback, Checkpoint
+from gpulayer.trainer.core.datamodule import DataModule
+from gpulayer.trainer.core.module import Module
+from gpulayer.trainer.data.seed import seed_everything
 from gpulayer.trainer.exceptions import MisconfigurationException, PossibleUserWarning
-from gpulayer.trainer.logger import Logger
-from gpulayer.trainer.module import Module
-from gpulayer.trainer.rank_zero import rank_zero_only
-from gpulayer.trainer.seed import seed_everything
-from gpulayer.trainer.strategy import SingleDeviceStrategy, Strategy
-from gpulayer.trainer.sync_decisions import NonFiniteLossError
+from gpulayer.trainer.logging.csv_logger import CSVLogger
+from gpulayer.trainer.logging.logger import Logger
+from gpulayer.trainer.logging.rank_zero import rank_zero_only
+from gpulayer.trainer.loops.sync_decisions import NonFiniteLossError
+from gpulayer.trainer.strategies.ddp import DDPStrategy
+from gpulayer.trainer.strategies.strategy import SingleDeviceStrategy, Strategy
 from gpulayer.trainer.trainer import Trainer
 
 __version__ = version("gpulayer-trainer")

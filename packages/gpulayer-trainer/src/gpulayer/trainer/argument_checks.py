@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.defaults import callback_list
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
-from gpulayer.trainer.logger import logger_list
-from gpulayer.trainer.precision import resolve_precision
-from gpulayer.trainer.strategy_names import check_strategy
+from gpulayer.trainer.logging.logger import logger_list
+from gpulayer.trainer.strategies.precision import resolve_precision
+from gpulayer.trainer.strategies.strategy_names import check_strategy
 
 if TYPE_CHECKING:
-    from gpulayer.trainer.callback import Callback
+    from gpulayer.trainer.core.callback import Callback
 
 Check = Callable[[str, Any, Mapping[str, Any]], Any]
 

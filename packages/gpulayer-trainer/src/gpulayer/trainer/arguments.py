@@ -31,8 +31,8 @@ from gpulayer.trainer import argument_checks as checks
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 if TYPE_CHECKING:
-    from gpulayer.trainer.callback import Callback
-    from gpulayer.trainer.strategy import Strategy
+    from gpulayer.trainer.core.callback import Callback
+    from gpulayer.trainer.strategies.strategy import Strategy
 
 
 @dataclass(frozen=True)

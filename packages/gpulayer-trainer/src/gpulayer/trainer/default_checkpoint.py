@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.trainer.callback import Checkpoint
-from gpulayer.trainer.logger import after_save_checkpoint, checkpoint_dir
+from gpulayer.trainer.core.callback import Checkpoint
+from gpulayer.trainer.logging.logger import after_save_checkpoint, checkpoint_dir
 
 if TYPE_CHECKING:
-    from gpulayer.trainer.module import Module
+    from gpulayer.trainer.core.module import Module
     from gpulayer.trainer.trainer import Trainer
 
 

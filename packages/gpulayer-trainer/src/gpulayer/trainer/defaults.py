@@ -8,13 +8,13 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
-from gpulayer.trainer.callback import Callback, Checkpoint
-from gpulayer.trainer.csv_logger import CSVLogger
+from gpulayer.trainer.core.callback import Callback, Checkpoint
+from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
-from gpulayer.trainer.hooks import is_overridden
-from gpulayer.trainer.logger import DummyLogger
-from gpulayer.trainer.timer import Timer
+from gpulayer.trainer.logging.csv_logger import CSVLogger
+from gpulayer.trainer.logging.logger import DummyLogger
+from gpulayer.trainer.loops.timer import Timer
 
 
 def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:

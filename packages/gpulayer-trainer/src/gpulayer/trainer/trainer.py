@@ -14,31 +14,31 @@ from typing import Any
 import torch
 
 from gpulayer.runtime import Runtime
-from gpulayer.trainer import process_settings
 from gpulayer.trainer.arguments import argument_properties, defaults_from_environment, parse_arguments
-from gpulayer.trainer.cadence import Cadence
-from gpulayer.trainer.callback import Callback, Checkpoint
-from gpulayer.trainer.checkpoint import CheckpointRequest, dump_checkpoint
+from gpulayer.trainer.checkpoint.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.compiled import uncompiled
-from gpulayer.trainer.data import DataSource
-from gpulayer.trainer.datamodule import DataModule
+from gpulayer.trainer.core.callback import Callback, Checkpoint
+from gpulayer.trainer.core.datamodule import DataModule
+from gpulayer.trainer.core.hooks import Hooks
+from gpulayer.trainer.core.module import Module
+from gpulayer.trainer.data.data import DataSource
 from gpulayer.trainer.defaults import default_callbacks, default_loggers
-from gpulayer.trainer.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.exceptions import MisconfiguredValueError
-from gpulayer.trainer.fit_loop import FitLoop
-from gpulayer.trainer.hooks import Hooks
-from gpulayer.trainer.log_line import LogLine
-from gpulayer.trainer.logger import Logger, trainer_log_dir
-from gpulayer.trainer.logger_rows import LoggerRows
-from gpulayer.trainer.metric_hub import MetricHub
-from gpulayer.trainer.module import Module
-from gpulayer.trainer.precision import Precision
-from gpulayer.trainer.stages import run_stage
+from gpulayer.trainer.logging.log_line import LogLine
+from gpulayer.trainer.logging.logger import Logger, trainer_log_dir
+from gpulayer.trainer.logging.logger_rows import LoggerRows
+from gpulayer.trainer.logging.metric_hub import MetricHub
+from gpulayer.trainer.loops import process_settings
+from gpulayer.trainer.loops.cadence import Cadence
+from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
+from gpulayer.trainer.loops.fit_loop import FitLoop
+from gpulayer.trainer.loops.stages import run_stage
+from gpulayer.trainer.loops.transfer import BatchTransfer
 from gpulayer.trainer.states import TrainerFn, TrainerState
-from gpulayer.trainer.strategy import Strategy
+from gpulayer.trainer.strategies.precision import Precision
+from gpulayer.trainer.strategies.strategy import Strategy
+from gpulayer.trainer.strategies.world import device_of, find_placement
 from gpulayer.trainer.trainer_properties import TrainerProperties
-from gpulayer.trainer.transfer import BatchTransfer
-from gpulayer.trainer.world import device_of, find_placement
 
 
 @argument_properties

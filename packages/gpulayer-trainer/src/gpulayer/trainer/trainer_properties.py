@@ -6,22 +6,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.accelerators import accelerator_for
 from gpulayer.trainer.profiler import PassThroughProfiler
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerStatus
-from gpulayer.trainer.world import devices_per_node
+from gpulayer.trainer.strategies.accelerators import accelerator_for
+from gpulayer.trainer.strategies.world import devices_per_node
 
 if TYPE_CHECKING:
     import torch
 
     from gpulayer.runtime import Runtime
     from gpulayer.trainer.arguments import TrainerArguments
-    from gpulayer.trainer.evaluation_loop import EvaluationLoop
-    from gpulayer.trainer.fit_loop import FitLoop
-    from gpulayer.trainer.module import Module
-    from gpulayer.trainer.precision import Precision
+    from gpulayer.trainer.core.module import Module
+    from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
+    from gpulayer.trainer.loops.fit_loop import FitLoop
     from gpulayer.trainer.states import TrainerState
-    from gpulayer.trainer.strategy import Strategy
+    from gpulayer.trainer.strategies.precision import Precision
+    from gpulayer.trainer.strategies.strategy import Strategy
 
 
 class TrainerProperties:

@@ -1,0 +1,98 @@
+"""``load_from_checkpoint`` of ``Module`` and ``DataModule``: the class rebuilt from a checkpoint's saved
+hyperparameters, then its state loaded, as Lightning's ``lightning/pytorch/core/saving.py`` does."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.core.hooks import is_overridden
+from gpulayer.trainer.core.hyperparameters import AttributeDict, init_argument_names
+from gpulayer.trainer.core.module import Module
+
+
+def load_module(
+    cls: type,
+    checkpoint_path: str | os.PathLike,
+    map_location: Any = None,
+    strict: bool | None = None,
+    weights_only: bool | None = None,
+    **overrides: Any,
+) -> Any:
+    """Lightning's ``load_from_checkpoint`` (``lightning/pytorch/core/saving.py``): rebuild ``cls`` from the saved
+    hyperparameters (``overrides`` win), then ``configure_model``, ``on_load_checkpoint`` and the weights; the model
+    is returned in train mode on the device of its first saved tensor."""
+    if map_location is None and not torch.cuda.is_available():
+        map_location = "cpu"
+    checkpoint = checkpoint_io.load(checkpoint_path, weights_only=weights_only is not False, map_location=map_location)
+    model = _rebuilt(cls, checkpoint, overrides)
+    if model._strict_loading is not None and strict is not None and strict != model.strict_loading:
+        raise ValueError(
+            f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with"
+            f" `{cls.__name__}.strict_loading={model.strict_loading!r}. Please set the same value for both of them."
+        )
+    strict = model.strict_loading if strict is None else strict
+    if is_overridden("configure_model", model, Module):
+        model.configure_model()
+    model.on_load_checkpoint(checkpoint)
+    keys = model.load_state_dict(checkpoint["state_dict"], strict=strict)
+    if not strict:  # Lightning's warnings, word for word
+        if keys.missing_keys:
+            warnings.warn(
+                f"Found keys that are in the model state dict but not in the checkpoint: {keys.missing_keys}",
+                stacklevel=3,
+            )
+        if keys.unexpected_keys:
+            warnings.warn(
+                f"Found keys that are not in the model state dict but in the checkpoint: {keys.unexpected_keys}",
+                stacklevel=3,
+            )
+    if not checkpoint["state_dict"]:  # Lightning's warning, word for word
+        warnings.warn(f"The state dict in {os.fspath(checkpoint_path)!r} contains no parameters.", stacklevel=3)
+        return model
+    first = next((t for t in checkpoint["state_dict"].values() if isinstance(t, torch.Tensor)), None)
+    return model.to(first.device) if first is not None else model
+
+
+def load_datamodule(
+    cls: type, checkpoint_path: str | os.PathLike, weights_only: bool | None = None, **overrides: Any
+) -> Any:
+    """Lightning's ``LightningDataModule.load_from_checkpoint``: ``cls`` rebuilt from the DataModule's saved
+    hyperparameters (``overrides`` win), with its ``state_dict`` loaded when the checkpoint holds one."""
+    checkpoint = checkpoint_io.load(checkpoint_path, weights_only=weights_only is not False, map_location="cpu")
+    datamodule = _rebuilt(cls, checkpoint, overrides)
+    if cls.__qualname__ in checkpoint:
+        datamodule.load_state_dict(checkpoint[cls.__qualname__])
+    return datamodule
+
+
+def _rebuilt(cls: type, checkpoint: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """``cls(...)`` as Lightning's ``_load_state`` builds it: the saved hyperparameters with ``overrides`` merged in,
+    given back their saved type (an OmegaConf container) and passed as the one argument named under
+    ``CHECKPOINT_HYPER_PARAMS_NAME`` or as keywords; ``overrides`` win. ``self``, ``*args`` and ``**kwargs`` are no
+    argument names, and arguments ``__init__`` does not take are dropped unless it takes ``**kwargs``."""
+    saved = checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
+    saved.update(overrides)
+    arguments = _as_saved_type(dict(saved), checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_TYPE))
+    names = init_argument_names(cls)
+    name = checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
+    if name and name in names:
+        arguments = {name: arguments}
+    arguments = {**arguments, **overrides}
+    # getfullargspec, as Lightning: a decorated __init__ is read here as its wrapper, whose **kwargs keeps everything.
+    if not inspect.getfullargspec(cls.__init__).varkw:
+        arguments = {key: value for key, value in arguments.items() if key in names}
+    return cls(**arguments)
+
+
+def _as_saved_type(arguments: dict[str, Any], saved_type: Any) -> Any:
+    """Lightning's ``_convert_loaded_hparams``: ``saved_type(arguments)``; a type saved as text (old files) gives an
+    ``AttributeDict``."""
+    if not saved_type:
+        return arguments
+    return AttributeDict(arguments) if isinstance(saved_type, str) else saved_type(arguments)

@@ -1,5 +1,6 @@
 """ARCHITECTURE.md names only modules that exist, lists every module of gpulayer-trainer, and lists the private
-APIs of torch and torchmetrics that GPUlayer uses exactly as their pinning tests do."""
+APIs of torch and torchmetrics that GPUlayer uses exactly as their pinning tests do; gpulayer-trainer's rooms import
+one another one way only (ADR 0027)."""
 
 import ast
 import re
@@ -7,6 +8,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = ROOT / "packages" / "gpulayer-trainer" / "src" / "gpulayer" / "trainer"
+# gpulayer-trainer's rooms, highest first: at run time a room imports only from the tiers below its own (ADR 0027).
+# "top" is the Trainer, its arguments and defaults, and the public names; "leaf" the helpers beside them that import
+# nothing of the trainer.
+TIERS = [("top",), ("loops",), ("strategies", "data"), ("core",), ("logging", "checkpoint"), ("leaf",)]
+LEAVES = {"exceptions", "states", "batch", "private_files"}
 
 
 def test_architecture_lists_every_trainer_module_and_no_missing_one():
@@ -45,3 +51,67 @@ def test_every_private_api_listed_has_its_pinning_test_and_every_pinning_test_is
 def _names(name: str, text: str) -> bool:
     """Whether ``text`` names ``name`` whole (``_rebuild_bucket`` is not named by ``_rebuild_buckets``)."""
     return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
+
+
+def test_no_runtime_import_climbs_back_up_the_rooms():
+    assert _climbs(TRAINER) == []
+
+
+def test_a_climbing_import_is_found_and_one_for_types_only_is_not(tmp_path):
+    package = tmp_path / "trainer"
+    (package / "core").mkdir(parents=True)
+    (package / "core" / "module.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from gpulayer.trainer.exceptions import MisconfigurationException\n"
+        "if TYPE_CHECKING:\n"
+        "    from gpulayer.trainer.trainer import Trainer\n"
+        "def load():\n"
+        "    from gpulayer.trainer.loops import stages\n"
+        "    from gpulayer.trainer import Trainer\n"
+    )
+    assert _climbs(package) == [
+        "core/module.py:6 imports gpulayer.trainer.loops.stages (room loops)",
+        "core/module.py:7 imports gpulayer.trainer.Trainer (room top)",
+    ]
+
+
+def _climbs(package: Path) -> list[str]:
+    """Every import, module-level or inside a function (not under ``if TYPE_CHECKING:``), of a room at the same tier
+    or above the importing module's own room."""
+    tier = {room: index for index, rooms in enumerate(TIERS) for room in rooms}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        room = _room(relative.parts[0] if len(relative.parts) > 1 else relative.stem)
+        for line, imported in _runtime_imports(ast.parse(path.read_text())):
+            target = _room(imported.removeprefix("gpulayer.trainer").lstrip(".").split(".")[0])
+            if target != room and tier[target] <= tier[room]:
+                found.append(f"{relative}:{line} imports {imported} (room {target})")
+    return found
+
+
+def _room(name: str) -> str:
+    """The room of a top-level name of the trainer package: a folder, a leaf helper, or the top."""
+    rooms = {room for rooms in TIERS for room in rooms}
+    return name if name in rooms else "leaf" if name in LEAVES else "top"
+
+
+def _runtime_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, gpulayer.trainer...)`` for each name imported from the trainer, outside ``if TYPE_CHECKING:``."""
+    imports = []
+    for node in ast.walk(_without_type_checking_blocks(tree)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpulayer.trainer"):
+            imports += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Import):
+            imports += [(node.lineno, a.name) for a in node.names if a.name.startswith("gpulayer.trainer")]
+    return imports
+
+
+def _without_type_checking_blocks(tree: ast.AST) -> ast.AST:
+    class Drop(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt]:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                return node.orelse
+            return self.generic_visit(node)
+
+    return Drop().visit(tree)

@@ -57,7 +57,9 @@ def _counted_ddp(module: torch.nn.Module, **options) -> tuple[DistributedDataPar
 # ---- ddp.py: manual optimization under DDP (Lightning's DDPStrategy.pre_backward and _DDPForwardRedirection) ----
 def test_find_tensors():
     api = "torch.nn.parallel.distributed._find_tensors"
-    with relied_on(TORCH, api, "ddp.py", "find the tensors of a manual_backward loss (find_unused_parameters=True)"):
+    with relied_on(
+        TORCH, api, "strategies/ddp.py", "find the tensors of a manual_backward loss (find_unused_parameters=True)"
+    ):
         from torch.nn.parallel.distributed import _find_tensors
 
         a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
@@ -68,7 +70,9 @@ def test_find_tensors():
 
 def test_reducer_rebuild_buckets(one_rank_group):
     api = "DistributedDataParallel.reducer._rebuild_buckets"
-    with relied_on(TORCH, api, "ddp.py", "let DDP rebuild its buckets before a manual_backward, as its forward does"):
+    with relied_on(
+        TORCH, api, "strategies/ddp.py", "let DDP rebuild its buckets before a manual_backward, as its forward does"
+    ):
         ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)))
         assert ddp.reducer._rebuild_buckets() is False  # nothing to rebuild from before a backward
         ddp(torch.ones(3, 2)).sum().backward()
@@ -78,7 +82,7 @@ def test_reducer_rebuild_buckets(one_rank_group):
 
 def test_reducer_prepare_for_backward(one_rank_group):
     api = "DistributedDataParallel.reducer.prepare_for_backward"
-    with relied_on(TORCH, api, "ddp.py", "ready DDP's reducer for each manual_backward of a step"):
+    with relied_on(TORCH, api, "strategies/ddp.py", "ready DDP's reducer for each manual_backward of a step"):
         module = torch.nn.Linear(2, 1)
         ddp, reductions = _counted_ddp(module)
         x = torch.ones(3, 2)
@@ -92,7 +96,9 @@ def test_reducer_prepare_for_backward(one_rank_group):
 
 def test_require_backward_grad_sync(one_rank_group):
     api = "DistributedDataParallel.require_backward_grad_sync"
-    with relied_on(TORCH, api, "ddp.py", "stop DDP's forward readying a backward that a manual step already ran"):
+    with relied_on(
+        TORCH, api, "strategies/ddp.py", "stop DDP's forward readying a backward that a manual step already ran"
+    ):
         ddp, reductions = _counted_ddp(torch.nn.Linear(2, 1))
         assert ddp.require_backward_grad_sync is True
         ddp.require_backward_grad_sync = False
@@ -105,7 +111,7 @@ def test_require_backward_grad_sync(one_rank_group):
 
 def test_require_forward_param_sync(one_rank_group):
     api = "DistributedDataParallel.require_forward_param_sync"
-    with relied_on(TORCH, api, "ddp.py", "have DDP's next forward sync the buffers after a manual_backward"):
+    with relied_on(TORCH, api, "strategies/ddp.py", "have DDP's next forward sync the buffers after a manual_backward"):
         ddp = DistributedDataParallel(torch.nn.BatchNorm1d(2))  # a module with buffers
         assert ddp.require_forward_param_sync is True and ddp.will_sync_module_buffers()
         ddp.require_forward_param_sync = False
@@ -128,7 +134,9 @@ def _persistent_loader() -> DataLoader:
 
 
 def test_dataloader_iterator():
-    with relied_on(TORCH, "DataLoader._iterator", "data.py", "find, and drop, the iterator that holds the workers"):
+    with relied_on(
+        TORCH, "DataLoader._iterator", "data/data.py", "find, and drop, the iterator that holds the workers"
+    ):
         loader = _persistent_loader()
         assert loader._iterator is None
         iterator = iter(loader)
@@ -139,7 +147,7 @@ def test_dataloader_iterator():
 
 def test_multiprocessing_dataloader_iter():
     api = "torch.utils.data.dataloader._MultiProcessingDataLoaderIter"
-    with relied_on(TORCH, api, "data.py", "tell an iterator with worker processes from one without"):
+    with relied_on(TORCH, api, "data/data.py", "tell an iterator with worker processes from one without"):
         from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
         assert isinstance(iter(_persistent_loader()), _MultiProcessingDataLoaderIter)
@@ -148,7 +156,7 @@ def test_multiprocessing_dataloader_iter():
 
 def test_shutdown_workers():
     api = "_MultiProcessingDataLoaderIter._shutdown_workers"
-    with relied_on(TORCH, api, "data.py", "stop a DataLoader's persistent workers at a stage's end"):
+    with relied_on(TORCH, api, "data/data.py", "stop a DataLoader's persistent workers at a stage's end"):
         iterator = iter(_persistent_loader())
         pid = int(next(iterator)[0])
         assert pid != os.getpid() and is_alive(pid)
@@ -160,7 +168,9 @@ def test_shutdown_workers():
 def test_metric_forward_cache():
     torchmetrics = pytest.importorskip("torchmetrics")
     library = f"torchmetrics {torchmetrics.__version__}"
-    with relied_on(library, "Metric._forward_cache", "results.py", "read a logged Metric's value for the batch"):
+    with relied_on(
+        library, "Metric._forward_cache", "logging/results.py", "read a logged Metric's value for the batch"
+    ):
         metric = torchmetrics.MeanMetric()
         assert metric._forward_cache is None
         metric(torch.tensor([1.0, 3.0]))
@@ -172,7 +182,7 @@ def test_metric_collection_enable_compute_groups():
     torchmetrics = pytest.importorskip("torchmetrics")
     library = f"torchmetrics {torchmetrics.__version__}"
     api = "MetricCollection._enable_compute_groups"
-    with relied_on(library, api, "metric_logging.py", "decide whether log_dict copies each metric's state"):
+    with relied_on(library, api, "core/metric_logging.py", "decide whether log_dict copies each metric's state"):
         metrics = [torchmetrics.MeanMetric(), torchmetrics.SumMetric()]
         assert torchmetrics.MetricCollection(metrics)._enable_compute_groups is True  # the default
         assert torchmetrics.MetricCollection(metrics, compute_groups=False)._enable_compute_groups is False

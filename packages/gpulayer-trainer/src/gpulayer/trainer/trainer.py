@@ -25,14 +25,14 @@ from gpulayer.trainer.data.data import DataSource
 from gpulayer.trainer.defaults import default_callbacks, default_loggers
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.logging.log_line import LogLine
-from gpulayer.trainer.logging.logger import Logger, trainer_log_dir
+from gpulayer.trainer.logging.logger import Logger
 from gpulayer.trainer.logging.logger_rows import LoggerRows
 from gpulayer.trainer.logging.metric_hub import MetricHub
 from gpulayer.trainer.loops import process_settings
 from gpulayer.trainer.loops.cadence import Cadence
 from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.loops.fit_loop import FitLoop
-from gpulayer.trainer.loops.stages import run_stage
+from gpulayer.trainer.loops.stages import StageParts, run_stage
 from gpulayer.trainer.loops.transfer import BatchTransfer
 from gpulayer.trainer.states import TrainerFn, TrainerState
 from gpulayer.trainer.strategies.precision import Precision
@@ -119,23 +119,20 @@ class Trainer(TrainerProperties):
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
         self.ckpt_path: str | None = None
-        # The Trainer's parts, each built once and handed to the loops that use it.
-        self._checkpoint_request = CheckpointRequest()  # what the running entry point asked to load
+        # The Trainer's parts, each built once and handed to the loops and stages that use it.
         self._hooks = Hooks(self)
         self._metric_hub = MetricHub(self.runtime.all_reduce if self.world_size > 1 else None)
-        self._log_line = LogLine(self)
-        self._logger_rows = LoggerRows(self)
-        self._batch_transfer = BatchTransfer(device, self.strategy.precision_plugin, self._hooks, self.args.prefetch)
-        parts = {
-            "hooks": self._hooks,
-            "hub": self._metric_hub,
-            "logger_rows": self._logger_rows,
-            "transfer": self._batch_transfer,
-        }
+        self._parts = StageParts(
+            hooks=self._hooks,
+            hub=self._metric_hub,
+            logger_rows=LoggerRows(self),
+            transfer=BatchTransfer(device, self.strategy.precision_plugin, self._hooks, self.args.prefetch),
+        )
+        parts = vars(self._parts)  # each part by its name, as the loops take them
         self.validate_loop = EvaluationLoop(self, "validate", **parts)
         self.test_loop = EvaluationLoop(self, "test", **parts)
         self.predict_loop = EvaluationLoop(self, "predict", **parts)
-        self.fit_loop = FitLoop(self, log_line=self._log_line, val_loop=self.validate_loop, **parts)
+        self.fit_loop = FitLoop(self, log_line=LogLine(self), val_loop=self.validate_loop, **parts)
 
     # ---- entry points ----------------------------------------------------------------------------------------------
     def fit(
@@ -156,7 +153,6 @@ class Trainer(TrainerProperties):
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
         module = _check_module(model, "fit")
-        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only)
         source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
         if source.is_defined() is False:
             raise MisconfiguredValueError(
@@ -165,7 +161,7 @@ class Trainer(TrainerProperties):
         self._release_loaders()
         self.fit_loop.attach(source)
         self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
-        run_stage(self, "fit", module, datamodule)
+        run_stage(self, "fit", module, datamodule, CheckpointRequest(ckpt_path, weights_only), self._parts)
 
     def validate(
         self,
@@ -177,8 +173,8 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One validation run; one dict of epoch metrics per loader, as Python floats."""
-        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
-        return self._evaluate("validate", self.validate_loop, model, dataloaders, verbose, datamodule)
+        request = CheckpointRequest(ckpt_path, weights_only, model is not None)
+        return self._evaluate("validate", self.validate_loop, model, dataloaders, verbose, datamodule, request)
 
     def test(
         self,
@@ -190,8 +186,8 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One test run; one dict of epoch metrics per loader, as Python floats."""
-        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
-        return self._evaluate("test", self.test_loop, model, dataloaders, verbose, datamodule)
+        request = CheckpointRequest(ckpt_path, weights_only, model is not None)
+        return self._evaluate("test", self.test_loop, model, dataloaders, verbose, datamodule, request)
 
     def predict(
         self,
@@ -203,11 +199,11 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
-        self._checkpoint_request = CheckpointRequest(ckpt_path, weights_only, model is not None)
+        request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         module, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
         self._release_loaders()
         self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
-        predictions = run_stage(self, "predict", module, datamodule)
+        predictions = run_stage(self, "predict", module, datamodule, request, self._parts)
         return predictions if return_predictions is not False else None
 
     def _evaluate(
@@ -218,11 +214,12 @@ class Trainer(TrainerProperties):
         dataloaders: Any,
         verbose: bool,
         datamodule: DataModule | None,
+        request: CheckpointRequest,
     ) -> list[dict[str, float]]:
         module, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
         self._release_loaders()
         loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
-        results = run_stage(self, stage, module, datamodule)
+        results = run_stage(self, stage, module, datamodule, request, self._parts)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
         if verbose and self.is_global_zero:
             _print_results(stage, floats)
@@ -363,8 +360,8 @@ class Trainer(TrainerProperties):
 
     @property
     def log_dir(self) -> str | None:
-        """Where the first logger writes (see ``trainer_log_dir``); ``default_root_dir`` without a logger."""
-        return trainer_log_dir(self)
+        """Where the first logger writes (see ``LoggerRows.log_dir``); ``default_root_dir`` without a logger."""
+        return self._parts.logger_rows.log_dir()
 
 
 def _check_module(model: Any, stage: str) -> Module:

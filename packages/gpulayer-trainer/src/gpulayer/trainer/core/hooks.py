@@ -20,6 +20,19 @@ if TYPE_CHECKING:
 # not overridden is the same run, minus a Python call per hook per step.
 _DEFAULT_NOOPS = frozenset(name for name in CALLBACK_HOOKS if name not in ("setup", "teardown", "on_exception"))
 _DEFAULT_PASS_THROUGH = frozenset({"on_before_batch_transfer", "on_after_batch_transfer"})
+# The module's methods whose overriding a stage checks as it sets up (Lightning's configuration checks).
+_ASKED_BY_STAGES = frozenset(
+    {
+        "training_step",
+        "validation_step",
+        "test_step",
+        "predict_step",
+        "forward",
+        "configure_optimizers",
+        "configure_model",
+        "prepare_data",
+    }
+)
 
 
 def is_overridden(name: str, instance: Any, base: type) -> bool:
@@ -66,6 +79,7 @@ class Hooks:
         self._trainer = trainer
         self.active: frozenset[str] = frozenset()
         self.every_batch: frozenset[str] = frozenset()
+        self.overridden: frozenset[str] = frozenset()
 
     def attach(self, module: Module, callbacks: list[Callback]) -> None:
         from gpulayer.trainer.core.module import Module
@@ -75,8 +89,11 @@ class Hooks:
         self._overriding = {
             name: [cb for cb in callbacks if is_overridden(name, cb, Callback)] for name in CALLBACK_HOOKS
         }
-        self._noops = {name for name in _DEFAULT_NOOPS if not is_overridden(name, module, Module)}
-        self._pass_through = {name for name in _DEFAULT_PASS_THROUGH if not is_overridden(name, module, Module)}
+        # Which of its hooks and set-up methods the module overrides, asked once per attach.
+        asked = _DEFAULT_NOOPS | _DEFAULT_PASS_THROUGH | _ASKED_BY_STAGES
+        self.overridden = frozenset(name for name in asked if is_overridden(name, module, Module))
+        self._noops = _DEFAULT_NOOPS - self.overridden
+        self._pass_through = _DEFAULT_PASS_THROUGH - self.overridden
         self._not_called = self._noops | self._pass_through | _set_to_none(module, Module)
         # The hook name is written to the instance dict directly: nn.Module.__setattr__ costs microseconds.
         self._module_state = module.__dict__

@@ -186,17 +186,6 @@ _LOG_DIR_LOGGERS = ("TensorBoardLogger", "CSVLogger")
 _LOG_DIR_MODULES = ("lightning.pytorch.loggers", "pytorch_lightning.loggers", "gpulayer.trainer.logging.csv_logger")
 
 
-def trainer_log_dir(trainer: Trainer) -> str | None:
-    """Lightning's ``Trainer.log_dir``: the first logger's ``log_dir`` (a TensorBoardLogger or CSVLogger) or
-    ``save_dir`` (any other), else ``default_root_dir``. Lightning broadcasts rank 0's at every read; GPUlayer takes
-    rank 0's once, when a run sets up (``LoggerRows.set_up``), so that a read on one rank alone never waits."""
-    if not trainer.loggers:
-        return trainer.default_root_dir
-    first = trainer.loggers[0]
-    settled = trainer._logger_rows.settled_log_dir
-    return settled[1] if settled is not None and settled[0] is first else logger_folder(first)
-
-
 def logger_folder(logger: Any) -> str | None:
     """The folder Lightning's ``Trainer.log_dir`` names for ``logger``, as this rank sees it."""
     in_log_dir = any(

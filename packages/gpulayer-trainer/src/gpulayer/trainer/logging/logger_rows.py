@@ -29,7 +29,17 @@ if TYPE_CHECKING:
 class LoggerRows:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.settled_log_dir: tuple[Any, str | None] | None = None  # (the first logger, rank 0's folder for it)
+        self._settled_log_dir: tuple[Any, str | None] | None = None  # (the first logger, rank 0's folder for it)
+
+    def log_dir(self) -> str | None:
+        """Lightning's ``Trainer.log_dir``: the first logger's ``log_dir`` (a TensorBoardLogger or CSVLogger) or
+        ``save_dir`` (any other), else ``default_root_dir``. Lightning broadcasts rank 0's at every read; GPUlayer
+        takes rank 0's once, when a run sets up (``set_up``), so that a read on one rank alone never waits."""
+        trainer = self.trainer
+        if not trainer.loggers:
+            return trainer.default_root_dir
+        first, settled = trainer.loggers[0], self._settled_log_dir
+        return settled[1] if settled is not None and settled[0] is first else logger_folder(first)
 
     def set_up(self) -> None:
         """Before the ``setup`` hooks: GPUlayer's and Lightning's ``rank_zero_only.rank`` set to this rank, as
@@ -50,7 +60,7 @@ class LoggerRows:
         if trainer.loggers:
             first = trainer.loggers[0]
             folder = logger_folder(first)
-            self.settled_log_dir = (first, trainer.runtime.broadcast(folder) if trainer.world_size > 1 else folder)
+            self._settled_log_dir = (first, trainer.runtime.broadcast(folder) if trainer.world_size > 1 else folder)
 
     def push(self, metrics: dict[str, Any], step: int | None = None, save: bool = True, step_offset: int = 0) -> None:
         """Lightning's ``log_metrics``: no ``step`` given means ``epoch`` is added and the step is the count of

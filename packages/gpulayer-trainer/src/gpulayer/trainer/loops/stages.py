@@ -11,6 +11,7 @@ import inspect
 import random
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,12 +44,33 @@ from gpulayer.trainer.states import FIRST_STAGE, TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
     from gpulayer.trainer.arguments import TrainerArguments
+    from gpulayer.trainer.logging.logger_rows import LoggerRows
+    from gpulayer.trainer.logging.metric_hub import MetricHub
     from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
+    from gpulayer.trainer.loops.transfer import BatchTransfer
     from gpulayer.trainer.trainer import Trainer
 
 
-def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None) -> Any:
-    """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``; returns the loop's result."""
+@dataclass(frozen=True)
+class StageParts:
+    """The Trainer's parts a stage works with: built once by the Trainer, which hands the same ones to its loops."""
+
+    hooks: Hooks
+    hub: MetricHub
+    logger_rows: LoggerRows
+    transfer: BatchTransfer
+
+
+def run_stage(
+    trainer: Trainer,
+    stage: str,
+    module: Module,
+    datamodule: DataModule | None,
+    request: CheckpointRequest,
+    parts: StageParts,
+) -> Any:
+    """Run ``stage`` ("fit", "validate", "test", "predict") on ``module``, loading what ``request`` asks for;
+    returns the loop's result."""
     clean_namespace(module.hparams, warn=trainer.is_global_zero)  # Lightning's _run: before the run
     trainer.should_stop = False
     state = trainer.state
@@ -58,35 +80,35 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
     trainer.datamodule = datamodule
     if datamodule is not None:
         datamodule.trainer = trainer
-    hooks, strategy = trainer._hooks, trainer.strategy
+    hooks, strategy = parts.hooks, trainer.strategy
     hooks.attach(module, trainer.callbacks)
     strategy.connect(module)
     try:
         trainer.callbacks = _with_module_callbacks(trainer.callbacks, hooks.module("configure_callbacks"))
         hooks.attach(module, trainer.callbacks)
         module._attach_logging(trainer.callbacks)
-        trainer._batch_transfer.prepare(module, datamodule)
-        _verify(trainer, stage, module)
-        checkpoint = _set_up(trainer, stage, module, datamodule, hooks)
+        parts.transfer.prepare(module, datamodule)
+        _verify(trainer, stage, module, hooks)
+        checkpoint = _set_up(trainer, stage, module, datamodule, request, parts)
         if stage == "fit":
             trainer.received_sigterm = False
             with sigterm_noted(trainer):
-                result = _fit(trainer, module, hooks, checkpoint)
+                result = _fit(trainer, module, parts, checkpoint)
         else:
-            trainer._logger_rows.hyperparameters()
+            parts.logger_rows.hyperparameters()
             # Lightning also evaluates FSDP under no_grad: see Strategy.evaluates_in_inference_mode.
             inference = trainer.args.inference_mode and strategy.evaluates_in_inference_mode
             with torch.inference_mode() if inference else torch.no_grad():
                 module.zero_grad()  # as Lightning's _run_stage does before every loop
                 result = _evaluation_loop(trainer, stage).run()
-        _tear_down(trainer, stage, hooks, datamodule)  # inside: an error in on_fit_end or teardown is reported too
+        _tear_down(trainer, stage, parts, datamodule)  # inside: an error in on_fit_end or teardown is reported too
     except BaseException as error:
         trainer.state.status = TrainerStatus.INTERRUPTED
         trainer.fit_loop.optimization = None
         hooks.on_exception(error)
         if datamodule is not None:
             _call_datamodule_hook(datamodule, "on_exception", error)
-        trainer._logger_rows.finalize("failed")  # after on_exception, as Lightning's _interrupt
+        parts.logger_rows.finalize("failed")  # after on_exception, as Lightning's _interrupt
         strategy.teardown(trainer.optimizers)
         shut_down_workers(_stage_loaders(trainer, stage))
         trainer.state.stage = None
@@ -97,12 +119,13 @@ def run_stage(trainer: Trainer, stage: str, module: Module, datamodule: DataModu
     return result
 
 
-def _tear_down(trainer: Trainer, stage: str, hooks: Hooks, datamodule: DataModule | None) -> None:
+def _tear_down(trainer: Trainer, stage: str, parts: StageParts, datamodule: DataModule | None) -> None:
     """A finished stage: release DDP and the optimization, then ``on_fit_end`` and the ``teardown`` hooks."""
+    hooks = parts.hooks
     trainer.fit_loop.optimization = None  # with DDP's wrapper (below), its gradient buckets are freed
     trainer.strategy.teardown(trainer.optimizers)
     shut_down_workers(_stage_loaders(trainer, stage))
-    trainer._logger_rows.finalize("success")
+    parts.logger_rows.finalize("success")
     if stage == "fit":
         hooks.both("on_fit_end")
     if datamodule is not None:
@@ -137,16 +160,17 @@ def _evaluation_loop(trainer: Trainer, stage: str) -> EvaluationLoop:
     return {"validate": trainer.validate_loop, "test": trainer.test_loop, "predict": trainer.predict_loop}[stage]
 
 
-def _verify(trainer: Trainer, stage: str, module: Module) -> None:
+def _verify(trainer: Trainer, stage: str, module: Module, hooks: Hooks) -> None:
     """Lightning's ``_verify_loop_configurations``: inside the run, so ``on_exception`` hears about it."""
+    overridden = hooks.overridden
     name = type(module).__name__
     for removed, new in _REMOVED_HOOKS.items():
         if hasattr(module, removed):
             raise NotImplementedError(f"{name}.{removed} was removed in Lightning 2.0; use {new}")
     if stage == "fit":
-        if not is_overridden("training_step", module, Module):
+        if "training_step" not in overridden:
             raise MisconfiguredNotImplementedError(f"{name} must define training_step() to fit")
-        if not is_overridden("configure_optimizers", module, Module):
+        if "configure_optimizers" not in overridden:
             raise MisconfiguredNotImplementedError(
                 f"{name} must define configure_optimizers() to fit (it may return None to train without an optimizer)"
             )
@@ -157,16 +181,16 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
             )
         if trainer.is_global_zero:
-            _warn_unpaired_validation(trainer, module)
+            _warn_unpaired_validation(trainer, overridden)
     step = {"validate": "validation_step", "test": "test_step"}.get(stage)
-    if step is not None and not is_overridden(step, module, Module):
+    if step is not None and step not in overridden:
         raise MisconfiguredNotImplementedError(f"{stage}: {name} does not define {step}()")
     if stage == "predict":
         if module.predict_step is None:
             raise MisconfiguredTypeError(
                 f"predict: {name}.predict_step is None; define it or leave Module's, which calls forward()"
             )
-        if not is_overridden("predict_step", module, Module) and not is_overridden("forward", module, Module):
+        if not {"predict_step", "forward"} & overridden:
             raise MisconfiguredNotImplementedError(f"predict: {name} defines neither predict_step() nor forward()")
     if stage != "fit":
         loop = _evaluation_loop(trainer, stage)
@@ -176,11 +200,11 @@ def _verify(trainer: Trainer, stage: str, module: Module) -> None:
             )
 
 
-def _warn_unpaired_validation(trainer: Trainer, module: Module) -> None:
+def _warn_unpaired_validation(trainer: Trainer, overridden: frozenset[str]) -> None:
     """Lightning's warnings (global rank 0) for a fit whose validation has a loader or a step but not both."""
     source = trainer.fit_loop.val_loop.source
     has_loader = source is not None and source.is_defined()
-    has_step = is_overridden("validation_step", module, Module)
+    has_step = "validation_step" in overridden
     if has_loader and not has_step:
         warnings.warn(
             "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.", stacklevel=5
@@ -208,26 +232,32 @@ def _verify_manual_optimization(args: TrainerArguments) -> None:
 
 
 def _set_up(
-    trainer: Trainer, stage: str, module: Module, datamodule: DataModule | None, hooks: Hooks
+    trainer: Trainer,
+    stage: str,
+    module: Module,
+    datamodule: DataModule | None,
+    request: CheckpointRequest,
+    parts: StageParts,
 ) -> dict[str, Any] | None:
     """prepare_data, setup(stage) (DataModule, callbacks, module), configure_model, the checkpoint's weights and
     callback states, then onto the device. Returns the checkpoint, if one was asked for."""
     if trainer.strategy.is_distributed:  # Lightning's DDP and FSDP strategies seed again as they set up
         reset_seed()
+    hooks, hub = parts.hooks, parts.hub
     _prepare_data(trainer, module, datamodule, hooks)
-    trainer._logger_rows.set_up()
+    parts.logger_rows.set_up()
     if datamodule is not None:
         _call_datamodule_hook(datamodule, "setup", stage=trainer.state.fn)
     hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("setup", stage=trainer.state.fn)
-    if is_overridden("configure_model", module, Module):
+    if "configure_model" in hooks.overridden:
         hooks.module("configure_model")
-    checkpoint = _requested_checkpoint(trainer, stage)
+    checkpoint = _requested_checkpoint(trainer, stage, request)
     if checkpoint is not None:  # a module an earlier stage sharded loads its weights shard by shard
         restore_modules_and_callbacks(trainer, checkpoint)
-    trainer._metric_hub.activate(None)
-    trainer._metric_hub.reset_metrics()
-    trainer._metric_hub.first_loop_iter = None
+    hub.activate(None)
+    hub.reset_metrics()
+    hub.first_loop_iter = None
     trainer.strategy.setup_module()  # after the checkpoint's full weights: onto the device, or sharded
     return checkpoint
 
@@ -235,23 +265,21 @@ def _set_up(
 def _prepare_data(trainer: Trainer, module: Module, datamodule: DataModule | None, hooks: Hooks) -> None:
     """Lightning's rule: on each node's local rank 0 (``prepare_data_per_node=True``) or on global rank 0 only,
     while the other ranks wait (within the process group's timeout)."""
-    prepared = False
-    for owner, base in ((datamodule, DataModule), (module, Module)):
-        if owner is None or not is_overridden("prepare_data", owner, base):
-            continue
-        prepared = True
+    preparing = [module] if "prepare_data" in hooks.overridden else []
+    if datamodule is not None and is_overridden("prepare_data", datamodule, DataModule):
+        preparing.insert(0, datamodule)
+    for owner in preparing:
         if (trainer.local_rank if owner.prepare_data_per_node else trainer.global_rank) != 0:
             continue
         if owner is module:
             hooks.module("prepare_data")
         else:
             owner.prepare_data()
-    if prepared:
+    if preparing:
         trainer.runtime.barrier()
 
 
-def _requested_checkpoint(trainer: Trainer, stage: str) -> dict[str, Any] | None:
-    request, trainer._checkpoint_request = trainer._checkpoint_request, CheckpointRequest()
+def _requested_checkpoint(trainer: Trainer, stage: str, request: CheckpointRequest) -> dict[str, Any] | None:
     # Rank 0's answer, or its error, on every rank: "last", "best" and "hpc" name files, which other nodes may not
     # see the same way.
     answer: tuple[str | None, ValueError | None] = (None, None)
@@ -271,8 +299,8 @@ def _requested_checkpoint(trainer: Trainer, stage: str) -> dict[str, Any] | None
     return checkpoint
 
 
-def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, Any] | None) -> None:
-    loop, strategy = trainer.fit_loop, trainer.strategy
+def _fit(trainer: Trainer, module: Module, parts: StageParts, checkpoint: dict[str, Any] | None) -> None:
+    loop, strategy, hooks = trainer.fit_loop, trainer.strategy, parts.hooks
     loop.resolve_limits()
     strategy.setup_training()  # before configure_optimizers, as Lightning wraps (and the optimizer holds the shards)
     trainer.optimizers, trainer.lr_scheduler_configs = strategy.setup_optimizers(hooks.module("configure_optimizers"))
@@ -282,7 +310,7 @@ def _fit(trainer: Trainer, module: Module, hooks: Hooks, checkpoint: dict[str, A
     else:
         loop.optimization = ManualOptimization(loop, module, hooks, strategy, trainer.optimizers)
     hooks.both("on_fit_start")
-    trainer._logger_rows.hyperparameters()
+    parts.logger_rows.hyperparameters()
     if checkpoint is not None:
         restore_training_state(trainer, checkpoint)
     module.zero_grad()  # as Lightning's _run_stage does before every loop: gradients left from before are dropped

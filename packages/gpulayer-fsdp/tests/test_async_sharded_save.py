@@ -22,9 +22,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
-from gpulayer.fsdp.async_save import AsyncSaves
 from gpulayer.runtime.testing import RankFailedError, run_ranks
 from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.sharded import AsyncSaves
 
 from .conftest import Block, loader, make_model, packed, unpacked
 

@@ -21,8 +21,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
-from gpulayer.fsdp.consolidate import by_index, consolidate, main
+from gpulayer.fsdp.consolidate import consolidate, main
 from gpulayer.runtime.testing import run_ranks
+from gpulayer.trainer.checkpoint.sharded import by_index
 
 from .conftest import packed, unpacked
 

@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import gpulayer.trainer as gl
 from gpulayer.fsdp import FSDPStrategy
-from gpulayer.fsdp.consolidate import by_index
 from gpulayer.runtime.testing import run_ranks
+from gpulayer.trainer.checkpoint.sharded import by_index
 
 from .conftest import packed, unpacked
 

@@ -1,18 +1,21 @@
 """The private torch and torchmetrics APIs gpulayer-trainer relies on, one test each (ARCHITECTURE.md lists them).
 
 Each test exercises the API on small real objects (a DDP on a one-rank gloo group, a DataLoader with one worker, a
-torchmetrics Metric, a module ``torch.compile`` returned) in the way GPUlayer uses it. When a torch or torchmetrics
-release changes one, its test fails naming the API and the module of GPUlayer to update.
+torchmetrics Metric, a module ``torch.compile`` returned, a DCP folder written by one process) in the way GPUlayer
+uses it. When a torch or torchmetrics release changes one, its test fails naming the API and the module of GPUlayer
+to update.
 """
 
 import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
@@ -215,3 +218,47 @@ def test_dynamo_ctx():
         module, x = torch.nn.Linear(2, 1), torch.ones(1, 2)
         forward = torch.compile(module, backend=backend).dynamo_ctx(module.forward)
         assert torch.equal(forward(x), module(x)) and len(graphs) == 1
+
+
+# A small DCP folder in Lightning's FSDP layout, as one process writes it.
+SAVED = {
+    "model": {"net.weight": torch.arange(6.0).reshape(2, 3)},
+    "optimizer_0": {"state": {"net.weight": {"step": torch.tensor(2.0)}}, "param_groups": [{"params": ["net.weight"]}]},
+}
+
+
+def _read_whole(folder: Path) -> dict:
+    """``sharded.load_whole``'s reading: every key of the folder into this process, no process group."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    whole: dict = {}
+    _load_state_dict(whole, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return whole
+
+
+@pytest.fixture
+def dcp_folder(tmp_path) -> Path:
+    with pytest.warns(UserWarning, match="single process"):  # no process group: DCP saves as one process
+        dcp.save(SAVED, checkpoint_id=tmp_path)
+    return tmp_path
+
+
+# ---- checkpoint/sharded.py: a sharded checkpoint folder read into one process (Lightning's _load_distributed_checkpoint) ----
+def test_load_state_dict(dcp_folder):
+    api = "torch.distributed.checkpoint.state_dict_loader._load_state_dict(..., no_dist=True)"
+    with relied_on(
+        TORCH, api, "checkpoint/sharded.py", "read a sharded checkpoint into one process without a process group"
+    ):
+        whole = _read_whole(dcp_folder)
+        assert torch.equal(whole["model"]["net.weight"], SAVED["model"]["net.weight"])
+
+
+def test_empty_state_dict_load_planner(dcp_folder):
+    api = "torch.distributed.checkpoint.format_utils._EmptyStateDictLoadPlanner"
+    with relied_on(TORCH, api, "checkpoint/sharded.py", "rebuild a checkpoint's nested dicts from its metadata alone"):
+        whole = _read_whole(dcp_folder)
+        assert whole.keys() == SAVED.keys()
+        assert whole["optimizer_0"]["param_groups"] == [{"params": ["net.weight"]}]
+        assert torch.equal(whole["optimizer_0"]["state"]["net.weight"]["step"], torch.tensor(2.0))

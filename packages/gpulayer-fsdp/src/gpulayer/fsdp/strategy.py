@@ -14,10 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulayer.fsdp import sharded_checkpoint
-from gpulayer.fsdp.async_save import AsyncSaves
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
-from gpulayer.trainer.checkpoint import sharded_folder
+from gpulayer.trainer.checkpoint import sharded as sharded_format
+from gpulayer.trainer.checkpoint.sharded import AsyncSaves
 from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
 
 Policy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
@@ -35,10 +34,10 @@ class FSDPStrategy(Strategy):
     ``reshard_after_forward`` is FSDP2's: True frees a unit's gathered parameters after its forward and gathers them
     again in backward, False keeps them until backward, None (torch's default) is True except for the root.
     ``timeout`` bounds every collective, as in ``DDPStrategy``. ``state_dict_type`` is Lightning's: ``"full"``
-    saves one file gathered on rank 0, ``"sharded"`` a folder of each rank's shards (``sharded_checkpoint.py``);
-    either kind loads whatever the setting. ``async_save=True`` (sharded only; not in Lightning) makes the saves
-    during ``fit`` return once each rank's shards are copied, and writes them while training goes on
-    (``async_save.py``).
+    saves one file gathered on rank 0, ``"sharded"`` a folder of each rank's shards; either kind loads whatever the
+    setting. ``async_save=True`` (sharded only; not in Lightning) makes the saves during ``fit`` return once each
+    rank's shards are copied, and writes them while training goes on. The folder's format, its writers and readers
+    are gpulayer-trainer's ``checkpoint/sharded.py``: this strategy decides only when to save sharded.
     """
 
     strategy_name = "fsdp"
@@ -118,7 +117,7 @@ class FSDPStrategy(Strategy):
         if self._folder_to_load is not None:
             folder, strict = self._folder_to_load
             self._folder_to_load = None
-            sharded_folder.load_model(self.lightning_module, folder, strict)
+            sharded_format.load_model(self.lightning_module, folder, strict)
 
     def training_step_runner(self, step: Callable[..., Any]) -> Callable[..., Any]:
         return functools.partial(self._sharded_module.root, step)
@@ -146,7 +145,7 @@ class FSDPStrategy(Strategy):
         sharded = self._sharded_module
         if sharded is None:
             return super().lightning_module_state_dict()
-        return sharded_folder.model_state(sharded.module) if self.saves_on_every_rank else sharded.state_dict()
+        return sharded_format.model_state(sharded.module) if self.saves_on_every_rank else sharded.state_dict()
 
     def load_model_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         sharded = self._sharded_module  # before a first stage shards the module, its full weights load as they are
@@ -160,12 +159,12 @@ class FSDPStrategy(Strategy):
         if sharded is None:
             return super().optimizer_state(optimizer)
         if self.saves_on_every_rank:
-            return sharded_folder.optimizer_state(sharded.module, optimizer)
+            return sharded_format.optimizer_state(sharded.module, optimizer)
         return sharded.optimizer_state_dict(optimizer)
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
         sharded = self._sharded_module
-        if sharded is None or isinstance(state, sharded_folder.ShardedOptimizerState):
+        if sharded is None or isinstance(state, sharded_format.ShardedOptimizerState):
             super().load_optimizer_state_dict(optimizer, state)
         else:
             sharded.load_optimizer_state_dict(optimizer, state)
@@ -180,7 +179,7 @@ class FSDPStrategy(Strategy):
         if self.saves_on_every_rank and self._async_saves is not None:
             self._async_saves.save(checkpoint, filepath)
         elif self.saves_on_every_rank:
-            sharded_checkpoint.save(checkpoint, filepath, self.runtime)
+            sharded_format.save(checkpoint, filepath, self.runtime)
         else:
             super().save_checkpoint(checkpoint, filepath)
 

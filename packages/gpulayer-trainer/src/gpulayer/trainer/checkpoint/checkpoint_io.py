@@ -57,7 +57,6 @@ class NotACheckpointError(DamagedCheckpointError, pickle.UnpicklingError):
 
 
 METADATA_FILENAME = "meta.pt"  # a sharded folder's non-tensor state (lightning/fabric/utilities/load.py)
-DCP_METADATA = ".metadata"  # a sharded folder's index of its shards, written by DCP once every rank wrote
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt.partial"
 _OLD_TEMPORARY_SUFFIX = ".ckpt"  # the name until 2026-12-04, which ``*.ckpt`` matched; an upgraded run may leave some
 _AT_FDCWD = -100  # renameat2's "relative to the current directory"

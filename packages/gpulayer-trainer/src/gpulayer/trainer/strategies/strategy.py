@@ -212,7 +212,7 @@ class Strategy:
         if isinstance(state, dict):
             optimizer.load_state_dict(state)
         else:
-            _sharded_folder().load_optimizer(self.lightning_module, optimizer, state)
+            _sharded().load_optimizer(self.lightning_module, optimizer, state)
 
     @property
     def saves_on_every_rank(self) -> bool:
@@ -229,21 +229,21 @@ class Strategy:
         here (``load_folder_weights``), its optimizer states when ``fit`` restores them."""
         if not os.path.isdir(path):
             return checkpoint_io.load(path, weights_only=weights_only)
-        checkpoint = _sharded_folder().load_metadata(os.fspath(path), weights_only, self.world_size)
+        checkpoint = _sharded().load_metadata(os.fspath(path), weights_only, self.world_size)
         self.load_folder_weights(os.fspath(path), self.lightning_module.strict_loading)
         return checkpoint
 
     def load_folder_weights(self, path: str, strict: bool) -> None:
         """Read a sharded folder's model into the module: whole tensors, as one process (and DDP) holds them."""
-        _sharded_folder().load_model(self.lightning_module, path, strict)
+        _sharded().load_model(self.lightning_module, path, strict)
 
 
-def _sharded_folder() -> ModuleType:
-    """``sharded_folder``, imported when a folder is read: it imports torch's DCP, which would add about 0.6 s to
-    every ``import gpulayer.trainer``."""
-    from gpulayer.trainer.checkpoint import sharded_folder
+def _sharded() -> ModuleType:
+    """``sharded``, imported when a folder is read: it imports torch's DCP, which would add about 0.6 s to every
+    ``import gpulayer.trainer``."""
+    from gpulayer.trainer.checkpoint import sharded
 
-    return sharded_folder
+    return sharded
 
 
 class SingleDeviceStrategy(Strategy):

@@ -276,11 +276,10 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
         """On the last batch of an epoch that validates, when saves happen at validation end."""
         if self._should_save_on_train_epoch_end(trainer) or not trainer.is_last_batch:
             return False
-        every = trainer.check_val_every_n_epoch
         return (
             trainer.enable_validation
             and sum(trainer.num_val_batches) > 0
-            and (every is None or (trainer.current_epoch + 1) % every == 0)
+            and trainer.cadence.validates_in_epoch(trainer.current_epoch)
         )
 
     def _save_epoch_checkpoint(self, trainer: Any) -> None:

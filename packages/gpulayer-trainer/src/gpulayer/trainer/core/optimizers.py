@@ -3,6 +3,7 @@ step."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -208,10 +209,11 @@ def step_schedulers(
     plateau: bool = False,
 ) -> None:
     """Lightning's ``update_lr_schedulers``: each scheduler of ``interval`` ("step" or "epoch") and of the plateau
-    kind or not, every ``frequency``-th ``count`` (the epoch's stepping batch, or the epoch, numbered from 1),
+    kind or not, when due at ``count`` (the epoch's stepping batch, or the epoch, numbered from 1; ``next_due_count``),
     through the module's ``lr_scheduler_step``; a plateau scheduler reads its ``monitor`` from ``metrics()``."""
     for config in configs:
-        if plateau != config.reduce_on_plateau or config.interval != interval or count % config.frequency:
+        of_kind = plateau == config.reduce_on_plateau and config.interval == interval
+        if not of_kind or next_due_count(config.frequency, count) != count:
             continue
         metric = None
         if config.reduce_on_plateau:
@@ -231,3 +233,10 @@ def step_schedulers(
                 )
                 continue
         hooks.module("lr_scheduler_step", config.scheduler, metric)
+
+
+def next_due_count(frequency: int, count: int, every: int = 1) -> int:
+    """Lightning's ``frequency``: a scheduler steps at every ``frequency``-th count of its interval (numbered from 1).
+    The first count from ``count`` at which it does, among the multiples of ``every`` (the batch counts that end an
+    accumulation window of ``every``, for the cadence's plan)."""
+    return count + (-count) % math.lcm(frequency, every)

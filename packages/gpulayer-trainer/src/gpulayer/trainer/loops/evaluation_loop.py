@@ -28,9 +28,9 @@ from gpulayer.trainer.data.data import (
 )
 from gpulayer.trainer.data.samplers import sampled, set_sampler_epoch
 from gpulayer.trainer.logging.results import ResultCollection
+from gpulayer.trainer.loops.cadence import validates_in_epoch
 
 if TYPE_CHECKING:
-    from gpulayer.trainer.arguments import TrainerArguments
     from gpulayer.trainer.core.hooks import Hooks
     from gpulayer.trainer.logging.logger_rows import LoggerRows
     from gpulayer.trainer.logging.metric_hub import MetricHub
@@ -94,7 +94,9 @@ class EvaluationLoop:
         if self.loaders is not None and not (fitting and reload_due(args, trainer.current_epoch, self.loaded_at)):
             return
         # A sanity check in an epoch that does not validate leaves the next validation to load again (Lightning).
-        if fitting and (not trainer.sanity_checking or validates_in_epoch(args, trainer.current_epoch)):
+        if fitting and (
+            not trainer.sanity_checking or validates_in_epoch(args.check_val_every_n_epoch, trainer.current_epoch)
+        ):
             self.loaded_at = trainer.current_epoch
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
         for loader in loaders:
@@ -225,12 +227,6 @@ class EvaluationLoop:
         else:
             for submodule, training in modes.items():
                 submodule.training = training
-
-
-def validates_in_epoch(args: TrainerArguments, epoch: int) -> bool:
-    """``check_val_every_n_epoch``: whether the epoch numbered ``epoch`` (from 0) validates."""
-    every = args.check_val_every_n_epoch
-    return every is None or (epoch + 1) % every == 0
 
 
 def takes_batch_idx(step: Any) -> bool:

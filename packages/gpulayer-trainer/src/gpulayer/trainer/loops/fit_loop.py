@@ -40,8 +40,7 @@ from gpulayer.trainer.data.data import (
 from gpulayer.trainer.data.samplers import sampled
 from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.logging.results import ResultCollection
-from gpulayer.trainer.loops.cadence import Cadence
-from gpulayer.trainer.loops.evaluation_loop import validates_in_epoch
+from gpulayer.trainer.loops.cadence import Cadence, CadenceRules
 from gpulayer.trainer.loops.progress import Progress
 from gpulayer.trainer.loops.sync_decisions import SyncDecisions
 
@@ -91,7 +90,7 @@ class FitLoop:
         self.step_limit: int | float = math.inf  # max_steps, with -1 as infinity
         self.val_enabled = False
         self.distributed = trainer.world_size > 1
-        self.cadence = Cadence(self)
+        self.cadence = Cadence(CadenceRules(), self.progress)  # each fit makes its own (``run``)
         self.decisions = SyncDecisions(trainer, self.progress.position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
@@ -223,12 +222,17 @@ class FitLoop:
         self.val_enabled = self.val_loop.is_enabled()
         overridden = is_overridden("on_train_batch_start", self.trainer.lightning_module, Module)
         self._combine_batch_start = self.distributed and overridden
-        self._step_schedulers = any(config.interval == "step" for config in self.trainer.lr_scheduler_configs)
-        if self.should_validate_this_epoch():
+        configs = self.trainer.lr_scheduler_configs
+        self._step_schedulers = any(config.interval == "step" for config in configs)
+        rules = CadenceRules.for_fit(
+            self.args, self.hooks, self.optimization, configs, validation=self.val_enabled, distributed=self.distributed
+        )
+        self.cadence = Cadence(rules, progress)  # callbacks add their triggers to it in on_train_start
+        progress.at_sync_point = False
+        if self.cadence.validates_this_epoch():
             self.val_loop.setup_data()
         warn_if_modules_in_eval_mode(self.trainer.lightning_module, self.trainer.is_global_zero)
         self.hub.activate(self.results)
-        self.cadence.reset()
         self.hooks.both("on_train_start")
         self.log_line.start()
         while not self.done():
@@ -247,15 +251,16 @@ class FitLoop:
             self.iterator = None
             progress.batch_idx, progress.is_last_batch = -1, False
             progress.data_snapshots["first"] = data_rng_state(self.loader)
-            self.cadence.start_epoch(0)
+            self.cadence.start_epoch(0, self.max_batches, self.val_check_batch, self.last_val_time)
         else:
             iterator = replayed_iterator(self.loader, progress, resume["batch_idx"] + 1, self.max_batches)
             progress.batch_idx = resume["batch_idx"]
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
-            self.cadence.start_epoch(progress.batch_idx)  # the rest of the resumed batch's rules read the plan
+            # The rest of the resumed batch's rules read the plan.
+            self.cadence.start_epoch(progress.batch_idx, self.max_batches, self.val_check_batch, self.last_val_time)
             if resume["phase"] != "stopped":  # a run max_steps stopped had finished the batch
                 self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
-            self.cadence.plan(progress.batch_idx + 1)
+            self.cadence.plan(progress.batch_idx + 1, self.last_val_time)
         if self.shape is not None:
             iterator = map(self.shape, iterator)
         if self.distributed and not has_length(self.loader):
@@ -299,6 +304,7 @@ class FitLoop:
         clock_due = cadence.clocks and cadence.clock_due <= time.monotonic()
         if planned or decided.should_stop or decided.received_sigterm or clock_due:
             return self._run_rules(outputs, loss, batch, batch_idx, accumulate)
+        # The tail of end_batch and after_batch, inline (no call per batch); the phase is the one after_batch leaves.
         hub.on_batch_end()
         progress.phase = "validation"
         if not accumulate:
@@ -319,7 +325,7 @@ class FitLoop:
         """The per-batch rules after a batch's step, and the plan from the next batch; True when the epoch ends."""
         self.end_batch(outputs, loss, batch, batch_idx, accumulate)
         self.after_batch(accumulate)
-        self.cadence.plan(batch_idx + 1)
+        self.cadence.plan(batch_idx + 1, self.last_val_time)
         return self._epoch_should_end()
 
     def _batch_start_ends_epoch(self, batch: Any, batch_idx: int) -> bool:
@@ -335,19 +341,19 @@ class FitLoop:
 
     def end_batch(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> None:
         """What follows a batch's optimization: schedulers, sync point, ``on_train_batch_end``, the log step."""
-        hooks, hub, cadence = self.hooks, self.hub, self.cadence
+        hooks, hub, cadence, progress = self.hooks, self.hub, self.cadence, self.progress
         if self.trainer.lr_scheduler_configs:  # step_schedulers does nothing without schedulers: no calls then
             if self._step_schedulers:
                 self.step_schedulers(interval="step")
             if cadence.epoch_ends():
                 self.step_schedulers(interval="epoch")
-        cadence.at_sync_point = self.distributed and cadence.is_sync_point()
-        if cadence.at_sync_point:
+        progress.at_sync_point = self.distributed and cadence.is_sync_point()
+        if progress.at_sync_point:
             hub.flush()  # sync_dist values reduced before the callbacks of this batch read them
         if "on_train_batch_end" in hooks.active:
             hooks.both("on_train_batch_end", outputs, batch, batch_idx)
         hub.on_batch_end()
-        if cadence.at_sync_point:
+        if progress.at_sync_point:
             self.decisions.agree(loss)
         if not accumulate and self.log_step_due():
             if not self.distributed:
@@ -384,7 +390,7 @@ class FitLoop:
             self.decisions.preempt_if_asked()
         if self._step_schedulers:
             self.step_schedulers(interval="step", plateau=True)
-        self.cadence.at_sync_point = False
+        progress.at_sync_point = False
         if not accumulate:
             progress.batches_that_stepped += 1
 
@@ -419,21 +425,18 @@ class FitLoop:
         self.resume = self.progress.load_state_dict(state, self.step_limit)
 
     # ---- decisions ---------------------------------------------------------------------------------------------
-    def should_validate_this_epoch(self) -> bool:
-        return self.val_enabled and validates_in_epoch(self.args, self.progress.epochs_completed)
-
     def should_validate_now(self) -> bool:
-        if not self.should_validate_this_epoch():
+        if not self.cadence.validates_this_epoch():
             return False
         if self.progress.is_last_batch and self.val_check_batch == math.inf:
             return True
         if self.decided.should_stop and self.can_stop_early():
             return True
         if self.val_check_batch is None:
-            due = time.monotonic() - self.last_val_time >= self.args.val_check_interval.total_seconds()
+            due = time.monotonic() - self.last_val_time >= self.cadence.rules.val_check_seconds
             if not self.distributed:
                 return due
-            return self.cadence.at_sync_point and self.trainer.runtime.any(due)  # the clocks of the ranks differ
+            return self.progress.at_sync_point and self.trainer.runtime.any(due)  # the clocks of the ranks differ
         return self.cadence.validates()
 
     def step_schedulers(self, interval: str, plateau: bool = False) -> None:

@@ -47,6 +47,7 @@ class AutomaticOptimization:
     ) -> None:
         self.loop, self.hooks, self.args = loop, hooks, args
         self.optimizer = optimizers[0]
+        self._window = args.accumulate_grad_batches  # the loss is averaged over it; the cadence says where it starts
         self._warned_none = False
         self._step_arity = training_step_arity(module)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
@@ -89,10 +90,10 @@ class AutomaticOptimization:
                 with self._step_context():
                     output = self._training_step(*step_args)
             step_loss, extra = (output, {}) if isinstance(output, torch.Tensor) else self._split(output)
-            loss = step_loss
-            if loss is not None and args.accumulate_grad_batches > 1:
-                loss = loss / args.accumulate_grad_batches  # x / 1 == x: no division op when not accumulating
-            if batch_idx % args.accumulate_grad_batches == 0:
+            loss, window = step_loss, self._window
+            if loss is not None and window > 1:
+                loss = loss / window  # x / 1 == x: no division op when not accumulating
+            if window == 1 or loop.cadence.starts_window(batch_idx):  # a window of 1 starts at every batch
                 if "on_before_zero_grad" in active:
                     hooks.both("on_before_zero_grad", optimizer)
                 if self._own_zero_grad:

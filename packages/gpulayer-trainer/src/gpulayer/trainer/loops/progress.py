@@ -18,6 +18,7 @@ class Progress:
     total_batches: int = 0
     batch_idx: int = -1
     is_last_batch: bool = False
+    at_sync_point: bool = False  # the batch being run is one where the ranks combine decisions (not saved)
     # Where the run is, for checkpoints: "idle", "batch" (up to on_train_batch_end), "validation" (after a batch),
     # "epoch_end" ("stopped" in ``stopped``); and the RNG states at which this epoch's iterator was made and first
     # read.

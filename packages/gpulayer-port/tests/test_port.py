@@ -202,13 +202,23 @@ def project(tmp_path):
 
 
 def test_a_tree_is_ported_under_out_and_the_report_says_what_is_left(project, capsys):
+    (project / "src" / "configs").mkdir()
+    (project / "src" / "configs" / "base.yaml").write_bytes(b"trainer:\n  max_epochs: 3\n")
+    (project / "src" / "data.bin").write_bytes(bytes(range(256)))
+    for hidden in (".git/HEAD", "pkg/__pycache__/model.cpython-311.pyc", ".env"):
+        (project / "src" / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (project / "src" / hidden).write_text("not copied\n")
     assert main([str(project / "src"), "--out", str(project / "ported")]) == 1
     out = project / "ported" / "src"
     assert (out / "pkg" / "model.py").read_text() == "from gpulayer.trainer import Module\n"
     assert (out / "pkg" / "tune.py").read_text() == f"# gpulayer port: Tuner: {TUNER}\n" + (
         "from lightning.pytorch.tuner import Tuner\n"
     )
-    assert not (out / "notes.txt").exists()
+    # The project's other files come along unchanged; hidden folders and caches do not.
+    assert (out / "notes.txt").read_text() == "not python\n"
+    assert (out / "configs" / "base.yaml").read_bytes() == b"trainer:\n  max_epochs: 3\n"
+    assert (out / "data.bin").read_bytes() == bytes(range(256))
+    assert not (out / ".git").exists() and not (out / ".env").exists() and not (out / "pkg" / "__pycache__").exists()
     cells = json.loads((out / "run.ipynb").read_text())["cells"]
     fabric = registry.REGISTRY["lightning.fabric."].note
     assert cells[0]["source"] == [
@@ -219,11 +229,14 @@ def test_a_tree_is_ported_under_out_and_the_report_says_what_is_left(project, ca
     ]
     assert cells[1:3] == json.loads((project / "src" / "run.ipynb").read_text())["cells"][1:3]
     assert cells[3]["source"] == ["t = Trainer()\n", "f = L.fabric.Fabric()"]
-    report = capsys.readouterr().out.splitlines()
-    assert report == [
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == [
         f"{project / 'src' / 'pkg' / 'tune.py'}:1:37: Tuner: {TUNER}",
         f"{project / 'src' / 'run.ipynb'}[cell 4]:2:5: L.fabric.Fabric: {fabric}",
     ]
+    assert printed.err == (
+        "gpulayer port: 3 files ported, 3 files written, 3 other files copied, 2 findings to do by hand\n"
+    )
 
 
 def test_in_place_and_check(project):

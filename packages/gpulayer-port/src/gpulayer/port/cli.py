@@ -20,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("sources", nargs="+", type=Path, metavar="SOURCE", help=".py files, notebooks, folders")
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--out", type=Path, metavar="DIR", help="write the ported files under DIR (same names)")
+    mode.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write the ported files under DIR (same names; a folder's other files are copied as they are)",
+    )
     mode.add_argument("--in-place", action="store_true", help="rewrite the files where they are")
     mode.add_argument("--check", action="store_true", help="write nothing, report only")
     args = parser.parse_args(argv)
@@ -34,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
     done = f"{_count(report.written, 'file')} written" if not args.check else "nothing written (--check)"
     failed = f", {_count(report.failures, 'file')} not parsed" if report.failures else ""
+    if report.copied:
+        done += f", {_count(report.copied, 'other file')} copied"
     summary = f"{_count(report.ported, 'file')} ported, {done}, {_count(report.findings, 'finding')} to do by hand"
     print(f"gpulayer port: {summary}{failed}", file=sys.stderr)
     return report.exit_status

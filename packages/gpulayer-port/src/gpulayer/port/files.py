@@ -1,5 +1,7 @@
 """``port_paths``: ``gpulayer port``'s work on files: the ``.py`` files and notebooks given or found in the folders
-given, each ported by ``rewrite`` and written under ``out``, in place, or nowhere.
+given, each ported by ``rewrite`` and written under ``out``, in place, or nowhere. Under ``out`` a folder's other
+files (configs, data, READMEs) are copied unchanged, so the ported project is whole; folders and files whose name
+starts with a dot (``.git``), ``__pycache__`` and ``.ipynb_checkpoints`` are left out, as from porting.
 
 Every input is checked before anything is written. A notebook's code cells are ported as one source (they share
 one namespace), with IPython's magics (``%time``, ``!pip``) kept aside and a ``%%`` cell left whole.
@@ -33,6 +35,7 @@ class Report:
     failures: list[str] = field(default_factory=list)  # PATH: cannot be parsed: the parser's message
     ported: list[Path] = field(default_factory=list)  # the files read and ported
     written: list[Path] = field(default_factory=list)
+    copied: list[Path] = field(default_factory=list)  # a folder's other files, under ``out``
 
     @property
     def exit_status(self) -> int:
@@ -50,7 +53,7 @@ class _Source:
 def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool = False) -> Report:
     """Port ``sources`` (files and folders): write them under ``out`` (same relative names), in place, or, with
     neither, only report. Raises ``PortInputError`` before writing anything when an input cannot be used."""
-    files = _collect(sources, out)
+    files, others = _collect(sources, out)
     report = Report()
     for source in files:
         try:
@@ -69,18 +72,30 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
             write_atomically(str(target), code.encode("utf-8"))
             shutil.copymode(source.path, target)
             report.written.append(target)
+    for path, relative in others if out is not None else []:
+        target = out / relative
+        make_folders(str(target.parent))
+        shutil.copy2(path, target)
+        report.copied.append(target)
     return report
 
 
-def _collect(sources: list[Path], out: Path | None) -> list[_Source]:
+def _collect(sources: list[Path], out: Path | None) -> tuple[list[_Source], list[tuple[Path, Path]]]:
+    """The files to port, and a folder's other files with their names under ``out``."""
     found: list[_Source] = []
+    others: list[tuple[Path, Path]] = []
     for source in sources:
         if not source.exists():
             raise PortInputError(f"{source}: no such file or folder")
         if source.is_dir():
             if out is not None and out.resolve().is_relative_to(source.resolve()):
                 raise PortInputError(f"--out {out} is inside the source folder {source}: choose a folder outside it")
-            found += [_source(path, source.name / path.relative_to(source)) for path in _tree(source)]
+            for path in _tree(source):
+                relative = source.name / path.relative_to(source)
+                if path.suffix in SUFFIXES:
+                    found.append(_source(path, relative))
+                else:
+                    others.append((path, relative))
         elif source.suffix in SUFFIXES:
             found.append(_source(source, Path(source.name)))
         else:
@@ -89,19 +104,19 @@ def _collect(sources: list[Path], out: Path | None) -> list[_Source]:
             )
     if out is not None and out.exists() and not out.is_dir():
         raise PortInputError(f"--out {out}: not a folder")
-    names = [source.relative for source in found]
+    names = [source.relative for source in found] + [relative for _, relative in others]
     twice = sorted({str(name) for name in names if names.count(name) > 1})
     if out is not None and twice:
         raise PortInputError(f"--out {out}: several sources would be written to {', '.join(twice)}")
-    return found
+    return found, others
 
 
 def _tree(folder: Path) -> list[Path]:
+    """Every file below ``folder`` but those in hidden folders and caches."""
     return sorted(
         path
         for path in folder.rglob("*")
-        if path.suffix in SUFFIXES
-        and path.is_file()
+        if path.is_file()
         and not any(part in _SKIPPED_FOLDERS or part.startswith(".") for part in path.relative_to(folder).parts)
     )
 

@@ -80,6 +80,13 @@ REGISTRY: dict[str, Answer] = {
         "gpulayer.trainer.MisconfigurationException"
     ),
     "lightning.pytorch.utilities.warnings.PossibleUserWarning": _adopted("gpulayer.trainer.PossibleUserWarning"),
+    "lightning.pytorch.trainer.states.TrainerFn": _adopted("gpulayer.trainer.TrainerFn"),
+    "lightning.pytorch.trainer.states.TrainerState": _adopted("gpulayer.trainer.TrainerState"),
+    "lightning.pytorch.trainer.states.TrainerStatus": _adopted("gpulayer.trainer.TrainerStatus"),
+    "lightning.pytorch.trainer.states.RunningStage": _adopted("gpulayer.trainer.RunningStage"),
+    "lightning.pytorch.callbacks.early_stopping.EarlyStoppingReason": _adopted(
+        "gpulayer.callbacks.EarlyStoppingReason"
+    ),
     "lightning.pytorch.loggers.": Answer(KEPT, _LOGGER),
     "lightning.pytorch.callbacks.ModelSummary": Answer(KEPT, _DISPLAY),
     "lightning.pytorch.callbacks.RichModelSummary": Answer(KEPT, _DISPLAY),

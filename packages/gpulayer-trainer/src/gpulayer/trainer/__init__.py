@@ -1,4 +1,5 @@
-"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``, ``Logger``."""
+"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``, ``Logger``, and
+``trainer.state``'s enums."""
 
 from importlib.metadata import version
 
@@ -11,6 +12,7 @@ from gpulayer.trainer.logging.csv_logger import CSVLogger
 from gpulayer.trainer.logging.logger import Logger
 from gpulayer.trainer.logging.rank_zero import rank_zero_only
 from gpulayer.trainer.loops.sync_decisions import NonFiniteLossError
+from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from gpulayer.trainer.strategies.ddp import DDPStrategy
 from gpulayer.trainer.strategies.strategy import SingleDeviceStrategy, Strategy
 from gpulayer.trainer.trainer import Trainer
@@ -28,9 +30,13 @@ __all__ = [
     "Module",
     "NonFiniteLossError",
     "PossibleUserWarning",
+    "RunningStage",
     "SingleDeviceStrategy",
     "Strategy",
     "Trainer",
+    "TrainerFn",
+    "TrainerState",
+    "TrainerStatus",
     "__version__",
     "rank_zero_only",
     "seed_everything",

@@ -382,3 +382,61 @@ def test_hparams_lightning_fails_to_write_with_omegaconf_are_written_as_without_
         ours = _ours(tmp_path / "with", calls)
     monkeypatch.setattr("lightning.pytorch.core.saving._OMEGACONF_AVAILABLE", False)
     assert ours[2] == _lightning(tmp_path / "without", calls)[2]
+
+
+def _through_experiment(logger_class, save_dir):
+    """What user code does with ``self.logger.experiment`` on Lightning's CSVLogger: its writer's calls and fields."""
+    import torch
+
+    logger = logger_class(str(save_dir))
+    writer = logger.experiment
+    writer.log_hparams({"lr": 0.1})
+    writer.log_metrics({"loss": torch.tensor(0.5), "acc": 0.25})  # step: the rows buffered
+    writer.log_metrics({"loss": 0.4}, step=7)
+    buffered = [dict(row) for row in writer.metrics]
+    writer.save()
+    writer.log_hparams({"layers": 2})
+    logger.log_metrics({"loss": 0.3}, 8)  # the logger's rows go to the same writer
+    logger.save()
+    with open(writer.metrics_file_path, "rb") as file:
+        csv_bytes = file.read()
+    with open(os.path.join(writer.log_dir, "hparams.yaml"), "rb") as file:
+        yaml_bytes = file.read()
+    shown = (
+        os.path.relpath(writer.log_dir, save_dir),
+        os.path.relpath(writer.metrics_file_path, save_dir),
+        writer.metrics_keys,
+        dict(writer.hparams),
+        buffered,
+        writer.metrics,
+        logger.experiment is writer,
+    )
+    return shown, csv_bytes, yaml_bytes
+
+
+def test_the_experiment_is_lightnings_experiment_writer(tmp_path):
+    """``CSVLogger.experiment`` (Lightning's ``ExperimentWriter``): the same calls give the same fields and files."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = _through_experiment(LightningCSVLogger, tmp_path / "lightning")
+    assert _through_experiment(CSVLogger, tmp_path / "gpulayer") == theirs
+
+
+def test_a_tensorboard_call_on_the_csv_experiment_says_why_and_what_to_do(tmp_path):
+    """Lightning's default logger is a TensorBoardLogger where tensorboard is installed; GPUlayer's is the CSVLogger,
+    so ``self.logger.experiment.add_image`` needs Lightning's TensorBoardLogger passed in."""
+    experiment = CSVLogger(str(tmp_path)).experiment
+    with pytest.raises(AttributeError, match=r"no 'add_image'.*pass Lightning's TensorBoardLogger\(\.\.\.\) as"):
+        experiment.add_image("digits", None)
+    assert not hasattr(experiment, "add_scalar")
+
+
+def test_the_experiment_off_rank_zero_takes_every_call_and_writes_nothing(tmp_path, monkeypatch):
+    from gpulayer.trainer.logging.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    logger = CSVLogger(str(tmp_path / "logs"))
+    logger.experiment.add_image("digits", None)
+    logger.experiment[0].log_metrics({"a": 1.0})
+    logger.experiment.log_hparams({"lr": 0.1})
+    assert not (tmp_path / "logs").exists()

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
-from gpulayer.port.rewrite import Finding, port_code
+from gpulayer.port.rewrite import Finding, Ported, port_code
 from gpulayer.trainer.private_files import make_folders, write_atomically
 
 SUFFIXES = (".py", ".ipynb")
 _SKIPPED_FOLDERS = ("__pycache__", ".ipynb_checkpoints")
 _CELL = "#gpulayer-port-cell\n"
 _MAGIC = "#gpulayer-port-magic:"
+_DEFAULT_LOGGER = (
+    "no logger given: GPUlayer's default logger is a CSVLogger where Lightning's is a TensorBoardLogger (tensorboard "
+    "installed), and {use} relies on TensorBoard; pass logger=TensorBoardLogger(...) from lightning.pytorch.loggers, "
+    "which GPUlayer takes as it is"
+)
 
 
 class PortInputError(ValueError):
@@ -55,17 +61,21 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
     neither, only report. Raises ``PortInputError`` before writing anything when an input cannot be used."""
     files, others = _collect(sources, out)
     report = Report()
+    default_loggers: list[tuple[Path, int | None, Finding]] = []  # Trainer calls with Lightning's default logger
+    tensorboard_uses: list[str] = []  # code that needs that default to be TensorBoard's, where it is
     for source in files:
         try:
             text = source.path.read_bytes().decode("utf-8")
-            code, findings = (
-                _port_notebook(source.notebook, text) if source.notebook is not None else _port_python(text)
-            )
+            code, ported = _port_notebook(source.notebook, text) if source.notebook is not None else _port_python(text)
         except (cst.ParserSyntaxError, UnicodeDecodeError) as unparsable:
             report.failures.append(f"{source.path}: cannot be parsed: {_one_line(unparsable)}")
             continue
         report.ported.append(source.path)
-        report.findings += [_where(source.path, cell, finding) for cell, finding in findings]
+        report.findings += [_where(source.path, cell, finding) for cell, finding in ported.findings]
+        default_loggers += [(source.path, cell, call) for cell, call in ported.default_loggers]
+        tensorboard_uses += [
+            f"{_file(source.path, cell)}:{use.line} ({use.name})" for cell, use in ported.tensorboard_uses
+        ]
         target = out / source.relative if out is not None else source.path if in_place else None
         if target is not None and (out is not None or code != text):
             make_folders(str(target.parent))
@@ -77,6 +87,11 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
         make_folders(str(target.parent))
         shutil.copy2(path, target)
         report.copied.append(target)
+    if tensorboard_uses:
+        note = _DEFAULT_LOGGER.format(use=tensorboard_uses[0])
+        report.findings += [
+            _where(path, cell, Finding(c.line, c.column, c.name, note)) for path, cell, c in default_loggers
+        ]
     return report
 
 
@@ -133,12 +148,29 @@ def _source(path: Path, relative: Path) -> _Source:
     return _Source(path, relative, notebook)
 
 
-def _port_python(text: str) -> tuple[str, list[tuple[int | None, Finding]]]:
+@dataclass(frozen=True)
+class _Found:
+    """What a port found, each with its notebook cell (None in a ``.py`` file)."""
+
+    findings: list[tuple[int | None, Finding]]
+    default_loggers: list[tuple[int | None, Finding]]
+    tensorboard_uses: list[tuple[int | None, Finding]]
+
+
+def _port_python(text: str) -> tuple[str, _Found]:
     ported = port_code(text)
-    return ported.code, [(None, finding) for finding in ported.findings]
+    return ported.code, _found(ported, lambda finding: (None, finding))
 
 
-def _port_notebook(notebook: dict, text: str) -> tuple[str, list[tuple[int | None, Finding]]]:
+def _found(ported: Ported, place: Callable[[Finding], tuple[int | None, Finding]]) -> _Found:
+    return _Found(
+        [place(f) for f in ported.findings],
+        [place(f) for f in ported.default_loggers],
+        [place(f) for f in ported.tensorboard_uses],
+    )
+
+
+def _port_notebook(notebook: dict, text: str) -> tuple[str, _Found]:
     """The notebook with its code cells ported (``text`` itself when none changes); each finding with its cell's
     1-based number and its line in the cell."""
     cells = [
@@ -152,11 +184,11 @@ def _port_notebook(notebook: dict, text: str) -> tuple[str, list[tuple[int | Non
     starts = [1]
     for code, end in zip(codes, ends, strict=True):
         starts.append(starts[-1] + (code + end).count("\n") + 1)
-    findings = []
-    for finding in ported.findings:
+
+    def in_cell(finding: Finding) -> tuple[int | None, Finding]:
         index = max(i for i, start in enumerate(starts[:-1]) if start <= finding.line)
-        moved = Finding(finding.line - starts[index] + 1, finding.column, finding.name, finding.note)
-        findings.append((cells[index][0], moved))
+        return cells[index][0], Finding(finding.line - starts[index] + 1, finding.column, finding.name, finding.note)
+
     pieces = ported.code.split(_CELL)[: len(cells)]
     changed = False
     for (_, cell), end, piece in zip(cells, ends, pieces, strict=True):
@@ -164,7 +196,7 @@ def _port_notebook(notebook: dict, text: str) -> tuple[str, list[tuple[int | Non
         if new != _text(cell):
             cell["source"] = new.splitlines(keepends=True) if isinstance(cell["source"], list) else new
             changed = True
-    return (json.dumps(notebook, indent=1, ensure_ascii=False) + "\n" if changed else text), findings
+    return (json.dumps(notebook, indent=1, ensure_ascii=False) + "\n" if changed else text), _found(ported, in_cell)
 
 
 def _text(cell: dict) -> str:
@@ -184,7 +216,11 @@ def _show_magics(code: str) -> str:
 
 
 def _where(path: Path, cell: int | None, finding: Finding) -> str:
-    return finding.format(str(path) if cell is None else f"{path}[cell {cell}]")
+    return finding.format(_file(path, cell))
+
+
+def _file(path: Path, cell: int | None) -> str:
+    return str(path) if cell is None else f"{path}[cell {cell}]"
 
 
 def _one_line(error: Exception) -> str:

@@ -42,6 +42,10 @@ class Finding:
 class Ported:
     code: str
     findings: list[Finding]
+    # Lightning's Trainer built with its default logger (no ``logger=``, or True/None), and code that needs that
+    # default to be a TensorBoardLogger: across a project, each such Trainer call gets a finding (``files.py``).
+    default_loggers: list[Finding] = field(default_factory=list)
+    tensorboard_uses: list[Finding] = field(default_factory=list)
 
 
 @dataclass
@@ -59,7 +63,7 @@ def port_code(code: str) -> Ported:
     plan = _Plan(wrapper)
     plan.run()
     module = wrapper.module.visit(_Rewrite(plan))
-    return Ported(module.code, sorted(plan.findings))
+    return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses)
 
 
 class _Plan:
@@ -73,6 +77,8 @@ class _Plan:
         self.replacements: dict[cst.CSTNode, cst.CSTNode] = {}
         self.statements: dict[cst.CSTNode, _Statement] = defaultdict(_Statement)
         self.findings: list[Finding] = []
+        self.default_loggers: list[Finding] = []
+        self.tensorboard_uses: list[Finding] = []
         self.bound = {a.name for scope in set(self.scopes.values()) if scope for a in scope.assignments}
 
     def run(self) -> None:
@@ -87,6 +93,11 @@ class _Plan:
                 if registry.is_lightning(module):
                     for alias in node.names:
                         self._from_binding(node, alias, f"{module}.{get_full_name_for_node(alias.name)}")
+        self.tensorboard_uses = sorted(
+            self._finding(node, self.module.code_for_node(node), "")
+            for node in self.parents
+            if _needs_tensorboard(node)
+        )
 
     def _from_binding(self, node: cst.ImportFrom, alias: cst.ImportAlias, dotted: str) -> None:
         if any(key.startswith(registry.public_path(dotted) + ".") for key in registry.REGISTRY):
@@ -162,6 +173,8 @@ class _Plan:
             call = self.parents.get(use)
             if not (isinstance(call, cst.Call) and call.func is use):
                 continue
+            if _default_logger(self.module, call):
+                self.default_loggers.append(self._finding(call, "Trainer", ""))
             for argument in call.args:
                 if argument.keyword is None:
                     continue
@@ -182,6 +195,27 @@ class _Plan:
     def _position(self, node: cst.CSTNode) -> tuple[int, int]:
         start = self.positions[node].start
         return start.line, start.column + 1
+
+
+def _default_logger(module: cst.Module, call: cst.Call) -> bool:
+    """``Trainer(...)`` with Lightning's default logger: no ``logger=`` (and no ``**`` that could hold one), or
+    ``logger=True``/``None``."""
+    if any(argument.star == "**" for argument in call.args):
+        return False
+    logger = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "logger"), None)
+    return logger is None or _value(module, logger) in (True, None)
+
+
+def _needs_tensorboard(node: cst.CSTNode) -> bool:
+    """Code that works only when the logger is a TensorBoardLogger: ``.experiment.add_*``, ``log_graph``, an
+    ``isinstance`` check against ``TensorBoardLogger``."""
+    if isinstance(node, cst.Attribute):
+        name = node.attr.value
+        through_experiment = isinstance(node.value, cst.Attribute) and node.value.attr.value == "experiment"
+        return (name.startswith("add_") and through_experiment) or name in ("log_graph", "_log_graph")
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "isinstance":
+        return len(node.args) == 2 and "TensorBoardLogger" in cst.Module([]).code_for_node(node.args[1].value)
+    return False
 
 
 def _value(module: cst.Module, node: cst.BaseExpression) -> object:

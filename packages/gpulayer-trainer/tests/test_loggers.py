@@ -256,3 +256,64 @@ def test_on_two_ranks_only_rank_zero_writes_tensorboard_files(tmp_path):
     events = [name for name in os.listdir(tmp_path / "lightning_logs" / "version_0") if name.startswith("events")]
     assert len(events) == 1
     assert ranks == [0, 1]
+
+
+def _graph_run(ours, root, datamodule_transfer):
+    """``TensorBoardLogger(log_graph=True)`` with ``example_input_array``: Lightning's logger traces the module after
+    the stage's ``on_before_batch_transfer`` and transfer hooks (a DataModule's where it overrides one)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base = gl.Module if ours else lightning.LightningModule
+    data_base = gl.DataModule if ours else lightning.LightningDataModule
+    seen = []
+
+    class Traced(_module_class(base)):
+        def __init__(self):
+            super().__init__()
+            self.example_input_array = torch.ones(2, 4)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append(("module", "on_before_batch_transfer", tuple(batch.shape) if torch.is_tensor(batch) else None))
+            return batch
+
+    class Data(data_base):
+        def train_dataloader(self):
+            return _loaders()[0]
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            seen.append(
+                ("datamodule", "on_after_batch_transfer", tuple(batch.shape) if torch.is_tensor(batch) else None)
+            )
+            return batch
+
+    torch.manual_seed(0)
+    options = dict(
+        accelerator="cpu", max_epochs=1, default_root_dir=root, logger=TensorBoardLogger(root, log_graph=True)
+    )
+    datamodule = Data() if datamodule_transfer else None
+    loaders = () if datamodule_transfer else (_loaders()[0],)
+    if ours:
+        with warnings.catch_warnings():  # torch's deprecation of torch.jit.trace, which TensorBoard's add_graph uses
+            warnings.filterwarnings("ignore", "`torch.jit.trace(_method)?` is deprecated", DeprecationWarning)
+            gl.Trainer(**options).fit(Traced(), *loaders, datamodule=datamodule)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lightning.Trainer(enable_progress_bar=False, enable_model_summary=False, **options)
+            trainer.fit(Traced(), *loaders, datamodule=datamodule)
+    events = EventAccumulator(str(root / "lightning_logs" / "version_0"), size_guidance={"graph": 0})
+    events.Reload()
+    nodes = sorted(node.name for node in events.Graph().node)
+    return nodes, [call for call in seen if call[2] == (2, 4)]  # the example input's calls, not the batches'
+
+
+@needs_tensorboard
+@pytest.mark.parametrize("datamodule_transfer", [False, True], ids=["module", "datamodule"])
+def test_tensorboard_log_graph_traces_the_same_graph_through_the_same_hooks(tmp_path, datamodule_transfer):
+    ours = _graph_run(True, tmp_path / "gpulayer", datamodule_transfer)
+    theirs = _graph_run(False, tmp_path / "lightning", datamodule_transfer)
+    assert ours == theirs
+    assert ours[0] and ours[1]

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.core.datamodule import DataModule
 from gpulayer.trainer.core.export import ExportMixin
+from gpulayer.trainer.core.hooks import _call_step, is_overridden
 from gpulayer.trainer.core.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.core.metric_logging import MetricLoggingMixin
 from gpulayer.trainer.core.model_hooks import DataHooks, ModelHooks
@@ -357,6 +359,26 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         from gpulayer.trainer.core.saving import load_module
 
         return load_module(cls, checkpoint_path, map_location, strict, weights_only, **kwargs)
+
+    # ---- what Lightning's loggers call (TensorBoardLogger.log_graph) --------------------------------------------------
+    def _on_before_batch_transfer(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """Lightning's: ``on_before_batch_transfer`` of the stage (the DataModule's where it overrides it)."""
+        return self._call_batch_hook("on_before_batch_transfer", batch, dataloader_idx)
+
+    def _apply_batch_transfer_handler(
+        self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0
+    ) -> Any:
+        """Lightning's: ``batch`` onto ``device`` (the module's) through the stage's transfer hooks."""
+        batch = self._call_batch_hook("transfer_batch_to_device", batch, device or self.device, dataloader_idx)
+        return self._call_batch_hook("on_after_batch_transfer", batch, dataloader_idx)
+
+    def _call_batch_hook(self, name: str, *args: Any) -> Any:
+        """A batch hook as a stage calls it: the DataModule's where it overrides it, else the module's, recorded as
+        the running hook for ``self.log``."""
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None and is_overridden(name, datamodule, DataModule):
+            return getattr(datamodule, name)(*args)
+        return _call_step(self, self.__dict__, name, *args)
 
     # ---- conveniences ----------------------------------------------------------------------------------------------
     def freeze(self) -> Module:

@@ -291,3 +291,48 @@ def test_none_batches_between_planned_batches_keep_the_plan_as_in_lightning(tmp_
         )
     assert ours[:3] == theirs[:3]
     torch.testing.assert_close(ours[3], theirs[3], rtol=0, atol=0)
+
+
+def _wrapped_transfer_run(framework, base, data_base, root, **options):
+    """A DataModule whose ``transfer_batch_to_device`` is a ``functools.wraps`` wrapper of its own default, set on the
+    instance, and a Module that overrides the hook: which one moves the batches."""
+    import functools
+
+    calls = []
+
+    class Net(_module(base, [])):
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            calls.append("module")
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    class Data(data_base):
+        def train_dataloader(self):
+            return DataLoader(_data(), batch_size=4)
+
+    data = Data()
+    default = data.transfer_batch_to_device
+
+    @functools.wraps(default)
+    def wrapped(*args, **kwargs):
+        calls.append("datamodule wrapper")
+        return default(*args, **kwargs)
+
+    data.transfer_batch_to_device = wrapped
+    torch.manual_seed(0)
+    trainer = framework.Trainer(
+        accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False, default_root_dir=root, **options
+    )
+    trainer.fit(Net(), datamodule=data)
+    return sorted(set(calls)), trainer.global_step
+
+
+def test_a_wrapper_of_a_datamodules_default_transfer_hook_leaves_the_modules_hook_as_in_lightning(tmp_path):
+    """Lightning's ``is_overridden`` looks through ``functools.wraps`` (``__wrapped__``): a wrapper of the DataModule's
+    own default hook is no override, so the Module's hook moves the batches."""
+    ours = _wrapped_transfer_run(gl, gl.Module, gl.DataModule, tmp_path / "gpulayer")
+    with warnings.catch_warnings():
+        pl = quiet_lightning()
+        theirs = _wrapped_transfer_run(
+            pl, pl.LightningModule, pl.LightningDataModule, tmp_path / "lightning", enable_progress_bar=False
+        )
+    assert ours == theirs == (["module"], 3)

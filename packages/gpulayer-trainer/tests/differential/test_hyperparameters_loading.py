@@ -269,3 +269,40 @@ def test_strict_against_strict_loading_as_in_lightning(tmp_path, setting):
             "class attribute None": ["loaded", "RuntimeError", "loaded"],
         }[setting]
     )
+
+
+def _legacy_model_class(base):
+    class Legacy(base):
+        def __init__(self, width=2, depth=1, scale=1.0):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(4, width)
+
+    return Legacy
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"hparams": {"width": 3, "scale": 2.0}},  # Lightning 0.x's key
+        {"module_arguments": {"width": 5}},  # Lightning 0.9's
+        {"hparams": {"width": 3, "depth": 4}, "module_arguments": {"width": 5}, "hyper_parameters": {"depth": 6}},
+    ],
+    ids=["hparams", "module_arguments", "both, the current key winning"],
+)
+def test_hyperparameters_under_lightnings_legacy_keys_build_the_module_as_in_lightning(tmp_path, saved):
+    """A checkpoint of an old Lightning release keeps a module's hyperparameters under ``hparams`` or
+    ``module_arguments``; Lightning 2.6 still builds the module from them (the current key's values win)."""
+    built = {}
+    for framework in FRAMEWORKS:
+        cls = _legacy_model_class(_base(framework))
+        width = {**saved.get("hparams", {}), **saved.get("module_arguments", {}), **saved.get("hyper_parameters", {})}
+        layer = torch.nn.Linear(4, width.get("width", 2))
+        path = tmp_path / f"{framework}.ckpt"
+        state = {f"layer.{k}": v for k, v in layer.state_dict().items()}
+        torch.save({"state_dict": state, "pytorch-lightning_version": "2.6.6", **saved}, path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = cls.load_from_checkpoint(path, weights_only=False)
+        built[framework] = (dict(model.hparams), model.layer.out_features)
+    assert built["gpulayer"] == built["lightning"]

@@ -39,14 +39,23 @@ def is_overridden(name: str, instance: Any, base: type) -> bool:
     """Whether ``instance``'s class defines ``name`` differently from ``base``, or the instance holds its own
     (``DataModule.from_datasets`` sets its loader methods that way; Lightning counts those too). A hook set to None
     on the instance is switched off; an object that passes for a ``base`` without deriving from it (a
-    ``Mock(spec=Callback)``) overrides every hook, as Lightning calls every hook."""
+    ``Mock(spec=Callback)``) overrides every hook, as Lightning calls every hook. As Lightning's, it looks through a
+    ``functools.wraps`` wrapper (``__wrapped__``): a wrapper of ``base``'s own method is no override."""
+    default = getattr(base, name, None)
     own = getattr(instance, "__dict__", {})
     if name in own:
-        return own[name] is not None
+        value = own[name]
+        return value is not None and _function(value) is not default
     if isinstance(instance, base) and not issubclass(type(instance), base):
         return True
     method = getattr(type(instance), name, None)
-    return method is not None and method is not getattr(base, name, None)
+    return method is not None and _function(method) is not default
+
+
+def _function(method: Any) -> Any:
+    """The function behind a method, unwrapped once from ``functools.wraps`` as Lightning's ``is_overridden`` does."""
+    method = getattr(method, "__wrapped__", method)
+    return getattr(method, "__func__", method)
 
 
 def _set_to_none(module: Module, base: type) -> set[str]:

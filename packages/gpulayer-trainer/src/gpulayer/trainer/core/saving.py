@@ -15,6 +15,9 @@ from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.core.hyperparameters import AttributeDict, init_argument_names
 from gpulayer.trainer.core.module import Module
 
+# Where Lightning releases before 1.0 kept a module's hyperparameters (Lightning's ``CHECKPOINT_PAST_HPARAMS_KEYS``).
+_LEGACY_HPARAMS_KEYS = ("hparams", "module_arguments")
+
 
 def load_module(
     cls: type,
@@ -78,7 +81,10 @@ def _rebuilt(cls: type, checkpoint: dict[str, Any], overrides: dict[str, Any]) -
     argument names, and arguments ``__init__`` does not take are dropped unless it takes ``**kwargs``."""
     saved = checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
     saved.update(overrides)
-    arguments = _as_saved_type(dict(saved), checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_TYPE))
+    # A module's hyperparameters under Lightning's keys of old releases come first; the current key's win.
+    legacy = [checkpoint.get(key, {}) for key in _LEGACY_HPARAMS_KEYS] if issubclass(cls, Module) else []
+    merged = {key: value for mapping in (*legacy, saved) for key, value in mapping.items()}
+    arguments = _as_saved_type(merged, checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_TYPE))
     names = init_argument_names(cls)
     name = checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
     if name and name in names:

@@ -710,8 +710,10 @@ def gpulayer() -> Framework:
 
 @pytest.fixture
 def run(lightning: Framework, gpulayer: Framework, tmp_path: Path) -> Callable[..., Result]:
-    """``run("lightning" | "gpulayer", **scenario) -> Result``."""
-    frameworks = {"lightning": lightning, "gpulayer": gpulayer}
+    """``run("lightning" | "gpulayer" | "gpulayer, Lightning's callback", **scenario) -> Result``; the last is GPUlayer
+    with the recording callback built on Lightning's ``Callback``, as another library ships its callbacks."""
+    third_party = dataclasses.replace(gpulayer, Callback=lightning.Callback)
+    frameworks = {"lightning": lightning, "gpulayer": gpulayer, "gpulayer, Lightning's callback": third_party}
     count = itertools.count()
 
     def run_one(framework: str, **scenario: Any) -> Result:

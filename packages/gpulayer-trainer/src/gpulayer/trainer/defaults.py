@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
-from gpulayer.trainer.core.callback import Callback, Checkpoint
+from gpulayer.trainer.core.callback import Callback, Checkpoint, callback_base
 from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
@@ -46,7 +46,7 @@ def check_state_keys(callbacks: list[Callback]) -> None:
     ``state_key`` would overwrite each other in a checkpoint."""
     seen: dict[str, Callback] = {}
     for callback in callbacks:
-        if not is_overridden("state_dict", callback, Callback):
+        if not is_overridden("state_dict", callback, callback_base(callback)):
             continue
         if callback.state_key in seen:
             raise RuntimeError(
@@ -66,15 +66,16 @@ def default_loggers(logger: bool | list[Any], args: Any) -> list[Any]:
 
 
 def callback_list(callbacks: Any) -> list[Callback]:
-    """``callbacks=`` as a list of Callbacks, checked; Lightning's display-only callbacks dropped with a warning."""
+    """``callbacks=`` as a list of Callbacks, checked: GPUlayer's, and other libraries' built on Lightning's
+    ``Callback`` (called as Lightning calls them); Lightning's display-only callbacks dropped with a warning."""
     if callbacks is None:
         return []
-    many = [callbacks] if isinstance(callbacks, Callback) or _display_only(callbacks) else callbacks
+    many = [callbacks] if callback_base(callbacks) or _display_only(callbacks) else callbacks
     many = list(many) if isinstance(many, Iterable) and not isinstance(many, (str, bytes)) else None
     if many is None:
         raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
     for index, callback in enumerate(many):
-        if not (isinstance(callback, Callback) or _display_only(callback)):
+        if not (callback_base(callback) or _display_only(callback)):
             raise TypeError(f"callbacks[{index}] is {_described(callback)}")
     dropped = [type(callback).__name__ for callback in many if _display_only(callback)]
     if dropped:
@@ -119,5 +120,12 @@ def _described(callback: Any) -> str:
             f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer's EarlyStopping, "
             "ModelCheckpoint and LearningRateMonitor come from gpulayer.callbacks, and your own callbacks subclass "
             "gpulayer.trainer.Callback"
+        )
+    built_on = next((k for k in kind.__mro__ if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning")), None)
+    if built_on is not None:
+        return (
+            f"{name}, built on Lightning's {built_on.__qualname__}: GPUlayer takes other libraries' callbacks built "
+            "on Lightning's Callback itself, not on its other callbacks; build it on gpulayer.trainer.Callback (or "
+            "gpulayer.callbacks' counterpart), or keep Lightning's Trainer for it"
         )
     return f"{callback!r} ({name}), not a gpulayer.trainer.Callback: accepted are Callback instances"

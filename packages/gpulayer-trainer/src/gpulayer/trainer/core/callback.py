@@ -208,3 +208,19 @@ class Checkpoint(Callback):
     _runs_after_module_on_train_epoch_end = True
     dirpath: str | None = None
     best_model_path: str = ""
+
+
+# Lightning's Callback, recognised by its name and module so that the trainer never imports Lightning.
+_LIGHTNING_CALLBACK_MODULES = ("lightning.pytorch.callbacks.callback", "pytorch_lightning.callbacks.callback")
+
+
+def callback_base(callback: Any) -> type | None:
+    """The class ``callback``'s hooks override: GPUlayer's ``Callback``, or Lightning's for a callback another
+    library built on it (Optuna's pruning callback, a research utility), whose classes between it and Lightning's
+    ``Callback`` are all its own; None for anything else, Lightning's own callbacks among them."""
+    if isinstance(callback, Callback):
+        return Callback
+    for kind in type(callback).__mro__:
+        if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+            return kind if kind.__name__ == "Callback" and kind.__module__ in _LIGHTNING_CALLBACK_MODULES else None
+    return None

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.core.callback import CALLBACK_HOOKS, TRAIN_BATCH_HOOKS, Callback
+from gpulayer.trainer.core.callback import CALLBACK_HOOKS, TRAIN_BATCH_HOOKS, Callback, callback_base
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.module import Module
@@ -96,7 +96,7 @@ class Hooks:
         self._module = module
         self._callbacks = callbacks
         self._overriding = {
-            name: [cb for cb in callbacks if is_overridden(name, cb, Callback)] for name in CALLBACK_HOOKS
+            name: [cb for cb in callbacks if is_overridden(name, cb, callback_base(cb))] for name in CALLBACK_HOOKS
         }
         # Which of its hooks and set-up methods the module overrides, asked once per attach.
         asked = _DEFAULT_NOOPS | _DEFAULT_PASS_THROUGH | _ASKED_BY_STAGES

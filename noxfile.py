@@ -27,9 +27,17 @@ TORCH = os.environ.get("GPULAYER_TORCH", "torch==2.13.0")
 TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
 # What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
 # omegaconf: a Hydra config as hyperparameters (Lightning's own bound, from its pytorch-extra extra); tensorboard and
-# rich: Lightning's TensorBoardLogger and Rich callbacks, passed to GPUlayer as they are.
+# rich: Lightning's TensorBoardLogger and Rich callbacks, passed to GPUlayer as they are. optuna and
+# optuna-integration: a third-party callback built on Lightning's (its pruning callback), taken as it is.
 TEST_REQUIREMENTS = {
-    "gpulayer-trainer": ["lightning==2.6.*", "omegaconf>=2.2.3,<3.0", "tensorboard>=2.15", "rich>=13"],
+    "gpulayer-trainer": [
+        "lightning==2.6.*",
+        "omegaconf>=2.2.3,<3.0",
+        "tensorboard>=2.15",
+        "rich>=13",
+        "optuna>=4",
+        "optuna-integration>=4",
+    ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
 }
 EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests

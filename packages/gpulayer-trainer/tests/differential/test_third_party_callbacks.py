@@ -120,3 +120,82 @@ def test_lightnings_own_callbacks_and_callbacks_built_on_them_stay_refused_by_na
         with pytest.raises(TypeError, match=r"callbacks\[0\] is .*" + message):
             gl.Trainer(accelerator="cpu", callbacks=[callback], default_root_dir=tmp_path)
     assert pl.Callback is not gl.Callback
+
+
+def _optuna_study(framework, module_base, root):
+    """Two trials of Optuna's pruning callback (optuna-integration) on a small regression; a pruner that prunes the
+    second trial once it has reported epoch 2. Returns each trial's state, reported values and parameters."""
+    optuna = pytest.importorskip("optuna")
+    integration = pytest.importorskip("optuna_integration")
+    pl = quiet_lightning()
+
+    class SecondTrialAtEpochTwo(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return trial.number == 1 and trial.last_step is not None and trial.last_step >= 2
+
+    class Net(_module_class(module_base)):
+        def __init__(self, lr):
+            super().__init__()
+            self.lr = lr
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4, generator=generator), torch.randn(16, 1, generator=generator))
+
+    def objective(trial):
+        torch.manual_seed(trial.number)
+        lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
+        callback = integration.PyTorchLightningPruningCallback(trial, monitor="val_loss")
+        options = dict(accelerator="cpu", max_epochs=4, logger=False, enable_checkpointing=False, default_root_dir=root)
+        if framework is pl:
+            options |= dict(enable_progress_bar=False, enable_model_summary=False)
+        trainer = framework.Trainer(callbacks=[callback], **options)
+        trainer.fit(Net(lr), DataLoader(data, batch_size=4), DataLoader(data, batch_size=8))
+        return float(trainer.callback_metrics["val_loss"])
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(pruner=SecondTrialAtEpochTwo(), sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial({"lr": 0.05})
+    study.enqueue_trial({"lr": 0.2})
+    study.optimize(objective, n_trials=2)
+    return [
+        (trial.state.name, {step: round(value, 6) for step, value in trial.intermediate_values.items()}, trial.params)
+        for trial in study.trials
+    ]
+
+
+def test_optunas_pruning_callback_prunes_the_same_trial_at_the_same_step(tmp_path):
+    """Optuna's PyTorchLightningPruningCallback reads ``trainer._accelerator_connector.is_distributed`` (a row of
+    ``core/lightning_private.py``) and raises ``TrialPruned`` from ``on_validation_end``."""
+    ours = _optuna_study(gl, gl.Module, tmp_path / "gpulayer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl = quiet_lightning()
+        theirs = _optuna_study(pl, pl.LightningModule, tmp_path / "lightning")
+    assert ours == theirs
+    assert [state for state, _, _ in ours] == ["COMPLETE", "PRUNED"]
+    assert list(ours[0][1]) == [0, 1, 2, 3] and list(ours[1][1]) == [0, 1, 2]
+
+
+def test_a_lightning_private_attribute_no_known_integration_reads_names_the_callback_that_read_it(tmp_path):
+    pl = quiet_lightning()
+
+    class ReadsInternals(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            trainer._data_connector.attach_data(pl_module)
+
+    trainer = gl.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, callbacks=[ReadsInternals()], default_root_dir=tmp_path
+    )
+    data = DataLoader(TensorDataset(torch.randn(4, 4), torch.randn(4, 1)), batch_size=4)
+    message = (
+        r"no attribute '_data_connector': .*test_third_party_callbacks\..*ReadsInternals reads it: _data_connector "
+        r"is a private attribute of Lightning's Trainer"
+    )
+    with pytest.raises(AttributeError, match=message):
+        trainer.fit(_module_class(gl.Module)(), data)

@@ -20,6 +20,7 @@ from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.core.callback import Callback, Checkpoint
 from gpulayer.trainer.core.datamodule import DataModule
 from gpulayer.trainer.core.hooks import Hooks
+from gpulayer.trainer.core.lightning_private import lightning_private
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.data.data import DataSource
 from gpulayer.trainer.defaults import default_callbacks, default_loggers
@@ -133,6 +134,13 @@ class Trainer(TrainerProperties):
         self.test_loop = EvaluationLoop(self, "test", **parts)
         self.predict_loop = EvaluationLoop(self, "predict", **parts)
         self.fit_loop = FitLoop(self, log_line=LogLine(self), val_loop=self.validate_loop, **parts)
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names the Trainer lacks: a Lightning-private one a known integration reads is answered
+        (``core/lightning_private.py``); any other is an ``AttributeError`` saying whose it is."""
+        if name.startswith("_") and not name.startswith("__"):
+            return lightning_private(self, name)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     # ---- entry points ----------------------------------------------------------------------------------------------
     def fit(

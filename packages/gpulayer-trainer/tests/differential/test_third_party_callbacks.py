@@ -199,3 +199,65 @@ def test_a_lightning_private_attribute_no_known_integration_reads_names_the_call
     )
     with pytest.raises(AttributeError, match=message):
         trainer.fit(_module_class(gl.Module)(), data)
+
+
+FACTORY_PACKAGE = """
+from lightning.pytorch import Callback
+
+
+class Announced(Callback):
+    calls = []
+
+    def on_train_start(self, trainer, pl_module):
+        Announced.calls.append([type(c).__name__ for c in trainer.callbacks])
+
+
+def make():
+    return [Announced()]
+"""
+
+
+@pytest.fixture
+def installed_callback_factory(tmp_path, monkeypatch):
+    """A package installed on ``sys.path`` that registers a factory under Lightning's ``callbacks_factory`` group."""
+    import importlib
+    import sys
+
+    site = tmp_path / "site"
+    (site / "announcing").mkdir(parents=True)
+    (site / "announcing" / "__init__.py").write_text(FACTORY_PACKAGE)
+    info = site / "announcing-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: announcing\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[lightning.pytorch.callbacks_factory]\nannounce = announcing:make\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    yield importlib.import_module("announcing")
+    sys.modules.pop("announcing", None)
+
+
+def _with_factory(framework, module_base, root, calls):
+    pl = quiet_lightning()
+    counting = _counting_callback_class(pl.Callback)
+    options = dict(accelerator="cpu", max_epochs=1, logger=False, default_root_dir=root)
+    if framework is pl:
+        options |= dict(enable_progress_bar=False, enable_model_summary=False)
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)
+    framework.Trainer(callbacks=[counting(every=1)], max_time="00:00:10:00", **options).fit(
+        _module_class(module_base)(), data
+    )
+    return calls.pop()
+
+
+def test_callbacks_of_installed_factories_join_every_trainer_in_lightnings_order(tmp_path, installed_callback_factory):
+    """Lightning's ``lightning.pytorch.callbacks_factory`` entry points: each factory's callbacks join the Trainer's,
+    after the user's and the Timer, before the checkpoint callbacks."""
+    calls = installed_callback_factory.Announced.calls
+    ours = _with_factory(gl, gl.Module, tmp_path / "gpulayer", calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl = quiet_lightning()
+        theirs = _with_factory(pl, pl.LightningModule, tmp_path / "lightning", calls)
+    display = {"TQDMProgressBar", "ModelSummary"}  # Lightning's display callbacks: GPUlayer has none
+    assert ours == [name for name in theirs if name not in display]
+    assert ours == ["Counting", "Timer", "Announced", "ModelCheckpoint"]

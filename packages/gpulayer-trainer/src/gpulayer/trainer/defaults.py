@@ -18,8 +18,8 @@ from gpulayer.trainer.loops.timer import Timer
 
 
 def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
-    """User callbacks, then the ``max_time`` Timer, then every checkpoint callback last (Lightning's order);
-    the default checkpoint when checkpointing is on and none is given."""
+    """User callbacks, then the ``max_time`` Timer, then those of installed packages' callback factories, then every
+    checkpoint callback last (Lightning's order); the default checkpoint when checkpointing is on and none is given."""
     check_state_keys(callbacks)
     checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
     if checkpoints and not args.enable_checkpointing:
@@ -30,7 +30,29 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
     if args.enable_checkpointing and not checkpoints:
         checkpoints = [_default_checkpoint()]
     timer = [Timer(args.max_time)] if args.max_time is not None else []
-    return [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + checkpoints
+    external = _factory_callbacks()
+    if external:
+        check_state_keys(callbacks + external)
+    ordered = [c for c in callbacks if not isinstance(c, Checkpoint)] + timer + external
+    return (
+        [c for c in ordered if not isinstance(c, Checkpoint)]
+        + checkpoints
+        + [c for c in external if isinstance(c, Checkpoint)]
+    )
+
+
+# Lightning's entry point group through which installed packages add callbacks to every Trainer.
+CALLBACKS_FACTORY = "lightning.pytorch.callbacks_factory"
+
+
+def _factory_callbacks() -> list[Callback]:
+    """Lightning's ``_load_external_callbacks``: each factory registered under ``CALLBACKS_FACTORY`` is called, and
+    the callback or list it returns joins the Trainer's, checked as ``callbacks=`` is."""
+    found: list[Callback] = []
+    for factory in entry_points(group=CALLBACKS_FACTORY):
+        made = factory.load()()
+        found += callback_list(made if isinstance(made, list) else [made])
+    return found
 
 
 def _default_checkpoint() -> Checkpoint:

@@ -23,7 +23,8 @@ def test_the_command_and_libcst_are_declared_here_and_in_gpulayers_all_extra_and
     module, function = port["entry-points"]["gpulayer.commands"]["port"].split(":")
     assert getattr(importlib.import_module(module), function) is main
     assert [requirement.split(">")[0] for requirement in port["dependencies"] if "gpulayer" not in requirement] == [
-        "libcst"
+        "libcst",
+        "pyyaml",
     ]
     meta = tomllib.loads((PACKAGES / "gpulayer" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(r.startswith("gpulayer-port==") for r in meta["all"]), meta["all"]
@@ -214,7 +215,7 @@ def test_a_tree_is_ported_under_out_and_the_report_says_what_is_left(project, ca
     assert (out / "pkg" / "tune.py").read_text() == f"# gpulayer port: Tuner: {TUNER}\n" + (
         "from lightning.pytorch.tuner import Tuner\n"
     )
-    # The project's other files come along unchanged; hidden folders and caches do not.
+    # The project's other files come along unchanged (a config naming no Lightning class too); hidden ones do not.
     assert (out / "notes.txt").read_text() == "not python\n"
     assert (out / "configs" / "base.yaml").read_bytes() == b"trainer:\n  max_epochs: 3\n"
     assert (out / "data.bin").read_bytes() == bytes(range(256))
@@ -235,7 +236,7 @@ def test_a_tree_is_ported_under_out_and_the_report_says_what_is_left(project, ca
         f"{project / 'src' / 'run.ipynb'}[cell 4]:2:5: L.fabric.Fabric: {fabric}",
     ]
     assert printed.err == (
-        "gpulayer port: 3 files ported, 3 files written, 3 other files copied, 2 findings to do by hand\n"
+        "gpulayer port: 4 files ported, 4 files written, 2 other files copied, 2 findings to do by hand\n"
     )
 
 
@@ -263,7 +264,7 @@ def test_a_file_that_cannot_be_parsed_is_named_and_left_as_it_is(project, capsys
         (["missing.py", "--check"], "missing.py: no such file or folder"),
         (
             ["src/notes.txt", "--check"],
-            "src/notes.txt: not a Python file or notebook (accepted: .py, .ipynb or a folder)",
+            "src/notes.txt: not a Python file, notebook or YAML config (accepted: .py, .ipynb, .yaml, .yml or a folder)",
         ),
         (["src/bad.ipynb", "--check"], "src/bad.ipynb: a notebook must be JSON"),
         (["src", "--out", "src/pkg/out"], "--out src/pkg/out is inside the source folder src"),
@@ -340,3 +341,51 @@ def test_each_kind_of_tensorboard_reliance_is_found():
         (4, "self.logger.log_graph"),
         (5, "isinstance(trainer.logger, TensorBoardLogger)"),
     ]
+
+
+HYDRA_CONFIG = """\
+# the run's Trainer, as Hydra instantiates it
+trainer:
+  _target_: lightning.pytorch.trainer.Trainer  # Lightning's module path
+  max_epochs: 3
+  profiler: simple
+  callbacks:
+    - _target_: "lightning.pytorch.callbacks.ModelCheckpoint"
+      monitor: val_loss
+    - _target_: lightning.pytorch.callbacks.StochasticWeightAveraging
+      swa_lrs: 0.01
+  logger:
+    _target_: lightning.pytorch.loggers.TensorBoardLogger
+    save_dir: logs
+model:
+  class_path: pytorch_lightning.LightningModule
+data:
+  _target_: my_project.data.Digits
+"""
+
+
+def test_a_config_names_gpulayers_classes_reports_what_is_not_adopted_and_keeps_every_other_byte(tmp_path, capsys):
+    """Hydra's ``_target_`` and LightningCLI's ``class_path`` go through the registry; a Lightning Trainer's arguments
+    in the config are judged by GPUlayer's Trainer; comments, quotes and the rest stay."""
+    config = tmp_path / "configs" / "train.yaml"
+    config.parent.mkdir()
+    config.write_text(HYDRA_CONFIG)
+    assert main([str(tmp_path / "configs"), "--in-place"]) == 1
+    assert config.read_text() == (
+        HYDRA_CONFIG.replace("lightning.pytorch.trainer.Trainer", "gpulayer.trainer.Trainer")
+        .replace('"lightning.pytorch.callbacks.ModelCheckpoint"', '"gpulayer.callbacks.ModelCheckpoint"')
+        .replace("pytorch_lightning.LightningModule", "gpulayer.trainer.Module")
+    )
+    swa = registry.REGISTRY["lightning.pytorch.callbacks."].note
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{config}:5:3: Trainer: profiler='simple': GPUlayer has no profiler")
+    assert printed[1:] == [f"{config}:9:17: lightning.pytorch.callbacks.StochasticWeightAveraging: {swa}"]
+    assert main([str(config), "--check"]) == 1  # a second port changes nothing more, and still reports
+
+
+def test_a_config_that_is_not_yaml_is_named_and_left_as_it_is(tmp_path, capsys):
+    config = tmp_path / "broken.yaml"
+    config.write_text("trainer: [unclosed\n")
+    assert main([str(config), "--in-place"]) == 2
+    assert config.read_text() == "trainer: [unclosed\n"
+    assert f"{config}: cannot be parsed:" in capsys.readouterr().err

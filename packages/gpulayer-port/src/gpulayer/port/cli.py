@@ -18,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
         "PATH:LINE:COL: NAME: what to do, each use of a name it does not adopt. Exit status: 0 nothing left to do "
         "by hand, 1 findings, 2 a file that cannot be parsed (not written).",
     )
-    parser.add_argument("sources", nargs="+", type=Path, metavar="SOURCE", help=".py files, notebooks, folders")
+    parser.add_argument(
+        "sources", nargs="+", type=Path, metavar="SOURCE", help=".py files, notebooks, YAML configs, folders"
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--out",

@@ -1,5 +1,5 @@
-"""``port_paths``: ``gpulayer port``'s work on files: the ``.py`` files and notebooks given or found in the folders
-given, each ported by ``rewrite`` and written under ``out``, in place, or nowhere. Under ``out`` a folder's other
+"""``port_paths``: ``gpulayer port``'s work on files: the ``.py`` files, notebooks and YAML configs given or found in
+the folders given, each ported (``rewrite``, ``configs``) and written under ``out``, in place, or nowhere. Under ``out`` a folder's other
 files (configs, data, READMEs) are copied unchanged, so the ported project is whole; folders and files whose name
 starts with a dot (``.git``), ``__pycache__`` and ``.ipynb_checkpoints`` are left out, as from porting.
 
@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
+import yaml
 
+from gpulayer.port.configs import port_config
 from gpulayer.port.rewrite import Finding, Ported, port_code
 from gpulayer.trainer.private_files import make_folders, write_atomically
 
-SUFFIXES = (".py", ".ipynb")
+CONFIGS = (".yaml", ".yml")
+SUFFIXES = (".py", ".ipynb", *CONFIGS)
 _SKIPPED_FOLDERS = ("__pycache__", ".ipynb_checkpoints")
 _CELL = "#gpulayer-port-cell\n"
 _MAGIC = "#gpulayer-port-magic:"
@@ -66,8 +69,11 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
     for source in files:
         try:
             text = source.path.read_bytes().decode("utf-8")
-            code, ported = _port_notebook(source.notebook, text) if source.notebook is not None else _port_python(text)
-        except (cst.ParserSyntaxError, UnicodeDecodeError) as unparsable:
+            if source.notebook is not None:
+                code, ported = _port_notebook(source.notebook, text)
+            else:
+                code, ported = _port_python(text, port_config if source.path.suffix in CONFIGS else port_code)
+        except (cst.ParserSyntaxError, yaml.YAMLError, UnicodeDecodeError) as unparsable:
             report.failures.append(f"{source.path}: cannot be parsed: {_one_line(unparsable)}")
             continue
         report.ported.append(source.path)
@@ -115,7 +121,7 @@ def _collect(sources: list[Path], out: Path | None) -> tuple[list[_Source], list
             found.append(_source(source, Path(source.name)))
         else:
             raise PortInputError(
-                f"{source}: not a Python file or notebook (accepted: {', '.join(SUFFIXES)} or a folder)"
+                f"{source}: not a Python file, notebook or YAML config (accepted: {', '.join(SUFFIXES)} or a folder)"
             )
     if out is not None and out.exists() and not out.is_dir():
         raise PortInputError(f"--out {out}: not a folder")
@@ -157,8 +163,9 @@ class _Found:
     tensorboard_uses: list[tuple[int | None, Finding]]
 
 
-def _port_python(text: str) -> tuple[str, _Found]:
-    ported = port_code(text)
+def _port_python(text: str, port: Callable[[str], Ported]) -> tuple[str, _Found]:
+    """A ``.py`` file or a YAML config, by ``port``."""
+    ported = port(text)
     return ported.code, _found(ported, lambda finding: (None, finding))
 
 

@@ -28,7 +28,8 @@ TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34
 # What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
 # omegaconf: a Hydra config as hyperparameters (Lightning's own bound, from its pytorch-extra extra); tensorboard and
 # rich: Lightning's TensorBoardLogger and Rich callbacks, passed to GPUlayer as they are. optuna and
-# optuna-integration: a third-party callback built on Lightning's (its pruning callback), taken as it is.
+# optuna-integration: a third-party callback built on Lightning's (its pruning callback), taken as it is. hydra-core:
+# the porting corpus's Hydra project, its Trainer, callbacks and logger instantiated from YAML.
 TEST_REQUIREMENTS = {
     "gpulayer-trainer": [
         "lightning==2.6.*",
@@ -37,6 +38,7 @@ TEST_REQUIREMENTS = {
         "rich>=13",
         "optuna>=4",
         "optuna-integration>=4",
+        "hydra-core>=1.3",
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
 }

@@ -1,7 +1,7 @@
 """Run one corpus script as ``python script.py`` would, then record what it trained: ``run_script.py SCRIPT OUT``.
 A notebook runs as its code cells one after the other, without IPython's magics (``%...``, ``!...``).
 
-The record (JSON, at OUT) holds the module-level ``trainer``'s ``global_step``, ``current_epoch`` and metric dicts,
+The record (JSON, at OUT) holds the module-level ``trainer``'s class, ``global_step``, ``current_epoch`` and metric dicts,
 every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), the
 module-level ``model``'s weights, and the scalars and image steps of a TensorBoardLogger's event files, so that a
 Lightning run and a GPUlayer run of the same script can be compared.
@@ -67,6 +67,7 @@ def main() -> None:
         namespace = runpy.run_path(script, run_name="__main__")
     trainer, model = namespace["trainer"], namespace["model"]
     record = {
+        "trainer": f"{type(trainer).__module__}.{type(trainer).__qualname__}",
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "callback_metrics": _floats(trainer.callback_metrics),

@@ -166,6 +166,9 @@ def test_the_report_names_what_is_not_adopted_line_by_line(script, tmp_path):
 def test_the_script_trains_alike_under_lightning_and_gpulayer(script, ported, tmp_path):
     theirs = _run(script, tmp_path / "lightning")
     ours = _run(ported / script.name, tmp_path / "gpulayer")
+    # The port alone moved the run to GPUlayer's Trainer (a config-built one too, for the Hydra project).
+    assert theirs["trainer"].split(".", 1)[0] in ("lightning", "pytorch_lightning")
+    assert ours["trainer"] == "gpulayer.trainer.trainer.Trainer"
     keys = ["global_step", "current_epoch", "callback_metrics", "logged_metrics", "returned"]
     if "TensorBoardLogger" in _code(script):  # logger=True is a TensorBoardLogger in Lightning alone (tensorboard here)
         keys.append("tensorboard")

@@ -389,3 +389,24 @@ def test_a_config_that_is_not_yaml_is_named_and_left_as_it_is(tmp_path, capsys):
     assert main([str(config), "--in-place"]) == 2
     assert config.read_text() == "trainer: [unclosed\n"
     assert f"{config}: cannot be parsed:" in capsys.readouterr().err
+
+
+def test_known_integrations_are_named_with_their_status(tmp_path, capsys):
+    """Other libraries' Lightning integrations: one that works as it is is named without a finding (exit status 0);
+    one that does not is a finding, its import marked."""
+    script = tmp_path / "tune.py"
+    script.write_text("import optuna\nfrom optuna_integration import PyTorchLightningPruningCallback\n")
+    assert main([str(script), "--check"]) == 0
+    printed = capsys.readouterr()
+    optuna_note = registry.INTEGRATIONS["optuna_integration.PyTorchLightningPruningCallback"].note
+    assert printed.out == f"{script}:2:32: PyTorchLightningPruningCallback: {optuna_note}\n"
+    assert printed.err.endswith("0 findings to do by hand, 1 integration known to work\n")
+    script.write_text("from ray.train.lightning import RayDDPStrategy, prepare_trainer\nimport ray.train.lightning\n")
+    assert main([str(script), "--in-place"]) == 1
+    ray = registry.INTEGRATIONS["ray.train.lightning."].note
+    assert capsys.readouterr().out.splitlines() == [
+        f"{script}:1:33: RayDDPStrategy: {ray}",
+        f"{script}:1:49: prepare_trainer: {ray}",
+        f"{script}:2:8: ray.train.lightning: {ray}",
+    ]
+    assert script.read_text().startswith(f"# gpulayer port: RayDDPStrategy: {ray}\n")

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         report = port_paths(args.sources, out=args.out, in_place=args.in_place)
     except PortInputError as bad:
         parser.error(str(bad))
-    for line in report.findings:
+    for line in report.findings + report.notes:
         print(line)
     for line in report.failures:
         print(line, file=sys.stderr)
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     if report.copied:
         done += f", {_count(report.copied, 'other file')} copied"
     summary = f"{_count(report.ported, 'file')} ported, {done}, {_count(report.findings, 'finding')} to do by hand"
+    if report.notes:
+        summary += f", {_count(report.notes, 'integration')} known to work"
     print(f"gpulayer port: {summary}{failed}", file=sys.stderr)
     return report.exit_status
 

@@ -41,6 +41,7 @@ class PortInputError(ValueError):
 @dataclass
 class Report:
     findings: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: what to do
+    notes: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: an integration that works as it is
     failures: list[str] = field(default_factory=list)  # PATH: cannot be parsed: the parser's message
     ported: list[Path] = field(default_factory=list)  # the files read and ported
     written: list[Path] = field(default_factory=list)
@@ -78,6 +79,7 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
             continue
         report.ported.append(source.path)
         report.findings += [_where(source.path, cell, finding) for cell, finding in ported.findings]
+        report.notes += [_where(source.path, cell, note) for cell, note in ported.notes]
         default_loggers += [(source.path, cell, call) for cell, call in ported.default_loggers]
         tensorboard_uses += [
             f"{_file(source.path, cell)}:{use.line} ({use.name})" for cell, use in ported.tensorboard_uses
@@ -161,6 +163,7 @@ class _Found:
     findings: list[tuple[int | None, Finding]]
     default_loggers: list[tuple[int | None, Finding]]
     tensorboard_uses: list[tuple[int | None, Finding]]
+    notes: list[tuple[int | None, Finding]]
 
 
 def _port_python(text: str, port: Callable[[str], Ported]) -> tuple[str, _Found]:
@@ -174,6 +177,7 @@ def _found(ported: Ported, place: Callable[[Finding], tuple[int | None, Finding]
         [place(f) for f in ported.findings],
         [place(f) for f in ported.default_loggers],
         [place(f) for f in ported.tensorboard_uses],
+        [place(f) for f in ported.notes],
     )
 
 

@@ -128,6 +128,25 @@ REGISTRY: dict[str, Answer] = {
     "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),
 }
 
+_OPTUNA = (
+    "works as it is: Optuna's pruning callback is built on Lightning's Callback, which GPUlayer's Trainer takes, and a "
+    "test runs its study under both trainers (the same trial pruned at the same epoch)"
+)
+_RAY_TRAIN = (
+    "Ray Train's Lightning integration configures Lightning's own Trainer (RayDDPStrategy is a Lightning strategy, "
+    "prepare_trainer reads its internals): keep Lightning's Trainer under Ray Train, or start GPUlayer's ranks with "
+    "gpulayer launch or torchrun"
+)
+
+# Other libraries' Lightning integrations, by their public path, answered as Lightning's names are; a path ending in
+# "." answers for every name below it. An integration that works is reported as such, and is no finding.
+INTEGRATIONS: dict[str, Answer] = {
+    "optuna_integration.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
+    "optuna_integration.pytorch_lightning.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
+    "optuna.integration.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
+    "ray.train.lightning.": Answer(NOT_ADOPTED, _RAY_TRAIN),
+}
+
 # Other public paths of the same objects: Lightning's defining modules, the `lightning` package's re-exports.
 _SAME = {
     "lightning.LightningModule": "lightning.pytorch.LightningModule",
@@ -181,6 +200,17 @@ def answer(dotted: str) -> Answer:
         if module in REGISTRY:
             return REGISTRY[module]
     return REGISTRY["lightning."]
+
+
+def integration(dotted: str) -> Answer | None:
+    """The answer for a name of another library's Lightning integration (its own, or its module's), or None."""
+    if dotted in INTEGRATIONS:
+        return INTEGRATIONS[dotted]
+    parts = dotted.split(".")
+    return next(
+        (INTEGRATIONS[m] for end in range(len(parts), 0, -1) if (m := ".".join(parts[:end]) + ".") in INTEGRATIONS),
+        None,
+    )
 
 
 def renames() -> dict[str, str]:

@@ -46,6 +46,8 @@ class Ported:
     # default to be a TensorBoardLogger: across a project, each such Trainer call gets a finding (``files.py``).
     default_loggers: list[Finding] = field(default_factory=list)
     tensorboard_uses: list[Finding] = field(default_factory=list)
+    # Imports of other libraries' Lightning integrations that work as they are (``registry.INTEGRATIONS``): no finding.
+    notes: list[Finding] = field(default_factory=list)
 
 
 @dataclass
@@ -63,7 +65,7 @@ def port_code(code: str) -> Ported:
     plan = _Plan(wrapper)
     plan.run()
     module = wrapper.module.visit(_Rewrite(plan))
-    return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses)
+    return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses, plan.notes)
 
 
 class _Plan:
@@ -79,6 +81,7 @@ class _Plan:
         self.findings: list[Finding] = []
         self.default_loggers: list[Finding] = []
         self.tensorboard_uses: list[Finding] = []
+        self.notes: list[Finding] = []
         self.bound = {a.name for scope in set(self.scopes.values()) if scope for a in scope.assignments}
 
     def run(self) -> None:
@@ -88,11 +91,16 @@ class _Plan:
                     dotted = get_full_name_for_node(alias.name) or ""
                     if registry.is_lightning(dotted):
                         self._module_binding(node, alias, dotted if alias.asname else dotted.split(".")[0])
+                    else:
+                        self._integration(node, alias, dotted, dotted)
             elif isinstance(node, cst.ImportFrom) and not node.relative and not isinstance(node.names, cst.ImportStar):
                 module = get_full_name_for_node(node.module) or ""
-                if registry.is_lightning(module):
-                    for alias in node.names:
-                        self._from_binding(node, alias, f"{module}.{get_full_name_for_node(alias.name)}")
+                for alias in node.names:
+                    name = get_full_name_for_node(alias.name) or ""
+                    if registry.is_lightning(module):
+                        self._from_binding(node, alias, f"{module}.{name}")
+                    else:
+                        self._integration(node, alias, f"{module}.{name}", name)
         self.tensorboard_uses = sorted(
             self._finding(node, self.module.code_for_node(node), "")
             for node in self.parents
@@ -119,6 +127,14 @@ class _Plan:
                 self.replacements[reference] = cst.Name(new_bound)
         self.statements[node].imports.add((home, new_name, new_bound))
         self.statements[node].dropped.add(bound)
+
+    def _integration(self, node: cst.CSTNode, alias: cst.ImportAlias, dotted: str, name: str) -> None:
+        """An import of another library's Lightning integration: reported, as a finding where it does not work."""
+        answer = registry.integration(dotted)
+        if answer is not None and answer.status == registry.NOT_ADOPTED:
+            self._report(alias, name, answer.note, node)
+        elif answer is not None:
+            self.notes.append(self._finding(alias, name, answer.note))
 
     def _module_binding(self, node: cst.Import | cst.ImportFrom, alias: cst.ImportAlias, prefix: str) -> None:
         """A Lightning module bound to a name: each attribute chain through it is resolved on its own."""

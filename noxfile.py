@@ -39,6 +39,9 @@ TEST_REQUIREMENTS = {
         "optuna>=4",
         "optuna-integration>=4",
         "hydra-core>=1.3",
+        "mlflow>=2.8",
+        "wandb>=0.17",
+        "ray[tune]>=2.9",
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
 }

@@ -401,6 +401,10 @@ def test_known_integrations_are_named_with_their_status(tmp_path, capsys):
     optuna_note = registry.INTEGRATIONS["optuna_integration.PyTorchLightningPruningCallback"].note
     assert printed.out == f"{script}:2:32: PyTorchLightningPruningCallback: {optuna_note}\n"
     assert printed.err.endswith("0 findings to do by hand, 1 integration known to work\n")
+    script.write_text("from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback\n")
+    assert main([str(script), "--check"]) == 0
+    tune_note = registry.INTEGRATIONS["ray.tune.integration.pytorch_lightning."].note
+    assert capsys.readouterr().out == f"{script}:1:52: TuneReportCheckpointCallback: {tune_note}\n"
     script.write_text("from ray.train.lightning import RayDDPStrategy, prepare_trainer\nimport ray.train.lightning\n")
     assert main([str(script), "--in-place"]) == 1
     ray = registry.INTEGRATIONS["ray.train.lightning."].note

@@ -132,6 +132,10 @@ _OPTUNA = (
     "works as it is: Optuna's pruning callback is built on Lightning's Callback, which GPUlayer's Trainer takes, and a "
     "test runs its study under both trainers (the same trial pruned at the same epoch)"
 )
+_RAY_TUNE = (
+    "works as it is: Ray Tune's report callbacks are built on Lightning's Callback, which GPUlayer's Trainer takes, and "
+    "a test runs a Tune trial under both trainers (the same metrics reported, the same checkpointed weights)"
+)
 _RAY_TRAIN = (
     "Ray Train's Lightning integration configures Lightning's own Trainer (RayDDPStrategy is a Lightning strategy, "
     "prepare_trainer reads its internals): keep Lightning's Trainer under Ray Train, or start GPUlayer's ranks with "
@@ -144,6 +148,7 @@ INTEGRATIONS: dict[str, Answer] = {
     "optuna_integration.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
     "optuna_integration.pytorch_lightning.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
     "optuna.integration.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
+    "ray.tune.integration.pytorch_lightning.": Answer(KEPT, _RAY_TUNE),
     "ray.train.lightning.": Answer(NOT_ADOPTED, _RAY_TRAIN),
 }
 

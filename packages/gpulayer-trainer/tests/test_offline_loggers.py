@@ -161,4 +161,3 @@ def test_wandb_logger_offline_records_the_same_run(tmp_path, monkeypatch):
     assert seen["history"][2].keys() == {"val_loss", "epoch", "trainer/global_step", "_step"}
     assert ("trainer/global_step", "", "") in seen["metric"]
     assert best == "/offline/RUN/checkpoints/epoch=1-step=10.ckpt"
-

@@ -119,8 +119,10 @@ def _wandb_records(path):
             yield record
 
 
-def _key(item):
-    return item.key or "/".join(item.nested_key)
+def _items(entries, dropped):
+    """A record's key/value entries as a dict, a nested key joined by "/", without the ``dropped`` keys."""
+    keyed = {entry.key or "/".join(entry.nested_key): entry.value_json for entry in entries}
+    return {key: value for key, value in keyed.items() if key not in dropped}
 
 
 def _wandb_run(ours, root, monkeypatch):
@@ -134,16 +136,13 @@ def _wandb_run(ours, root, monkeypatch):
     wandb.finish()
     wandb.teardown()  # ends W&B's service process with the run
     (path,) = root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
-    timing = ("_timestamp", "_runtime")
     seen = {"config": [], "history": [], "metric": []}
     for record in _wandb_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "config":
-            items = {_key(item): item.value_json for item in record.config.update}
-            seen[kind].append({key: value for key, value in items.items() if key != "_wandb"})
+            seen[kind].append(_items(record.config.update, ("_wandb",)))
         elif kind == "history":
-            items = {_key(item): item.value_json for item in record.history.item}
-            seen[kind].append({key: value for key, value in items.items() if key not in timing})
+            seen[kind].append(_items(record.history.item, ("_timestamp", "_runtime")))
         elif kind == "metric":
             seen[kind].append((record.metric.name, record.metric.glob_name, record.metric.step_metric))
     best = trainer.checkpoint_callback.best_model_path.removeprefix(str(root)).replace(run_id, "RUN")

@@ -65,7 +65,8 @@ def _tune(ours, root):
 
 def test_ray_tunes_report_callback_reports_and_checkpoints_as_under_lightning(tmp_path):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Tune's workers cannot import a test module
-    with tempfile.TemporaryDirectory(prefix="ray-") as sessions:  # short: Ray's socket paths must fit 107 bytes
+    # Ray's socket paths must fit 107 bytes and Ray refuses a temp dir inside the virtualenv, where nox's TMPDIR is.
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as sessions:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sessions)
         try:
             ours_reported, ours_weights = _tune(True, tmp_path / "gpulayer")

@@ -272,6 +272,18 @@ def test_default_checkpointing_keeps_the_newest_epoch_file_and_best_resumes_from
     assert trainer.ckpt_path.endswith("epoch=1-step=20.ckpt") and "val_loss" in result[0]
 
 
+def test_the_default_checkpoint_answers_what_lightnings_loggers_read_as_model_checkpoint_does():
+    """MLFlowLogger and WandbLogger read a checkpoint callback's settings and scores after each save; with
+    gpulayer-trainer alone the default checkpoint is the trainer's own, which answers as ``ModelCheckpoint()``."""
+    from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
+
+    lightning = pytest.importorskip("lightning.pytorch.callbacks")
+    read = ["monitor", "mode", "save_last", "save_top_k", "save_weights_only", "_every_n_train_steps"]
+    read += ["best_model_path", "last_model_path", "best_model_score", "current_score", "best_k_models"]
+    ours, theirs = DefaultCheckpoint(), lightning.ModelCheckpoint()
+    assert {name: getattr(ours, name) for name in read} == {name: getattr(theirs, name) for name in read}
+
+
 def test_validate_test_and_predict_load_weights_from_a_checkpoint(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=1)
     trained = Regressor()

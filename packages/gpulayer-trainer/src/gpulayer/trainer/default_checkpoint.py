@@ -28,6 +28,17 @@ class DefaultCheckpoint(Checkpoint):
         self.best_model_path = ""
         self.last_model_path = ""
         self._last_global_step_saved = 0
+        # ModelCheckpoint()'s settings and scores, which Lightning's loggers read after each save (MLFlowLogger's and
+        # WandbLogger's log_model, their checkpoint metadata).
+        self.monitor: str | None = None
+        self.mode = "min"
+        self.save_last: bool | None = None
+        self.save_top_k = 1
+        self.save_weights_only = False
+        self._every_n_train_steps = 0
+        self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None
+        self.best_k_models: dict[str, torch.Tensor] = {}
 
     @property
     def state_key(self) -> str:

@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer import argument_checks as checks
-from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.exceptions import MisconfigurationException, MisconfiguredValueError
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.callback import Callback
@@ -127,7 +127,11 @@ def parse_arguments(given: Mapping[str, Any]) -> TrainerArguments:
         given = {**given, **_barebones(given)}
     checked: dict[str, Any] = {}
     for name, declared in DECLARATIONS.items():
-        checked[name] = declared.check(name, given[name], checked)
+        try:
+            checked[name] = declared.check(name, given[name], checked)
+        except MisconfigurationException as error:
+            error.argument = name  # for tools that say where the value came from (LightningCLI)
+            raise
     return TrainerArguments(**checked | _overrides(checked))
 
 
@@ -146,11 +150,13 @@ def _barebones(given: Mapping[str, Any]) -> dict[str, Any]:
     }
     for name, on in turned_on.items():
         if on:
-            raise MisconfiguredValueError(
+            error = MisconfiguredValueError(
                 f"barebones=True with {name}={given[name]!r}: barebones mode turns off everything that may cost "
                 "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection); "
                 f"drop {name} or barebones"
             )
+            error.argument = name
+            raise error
     off = dict.fromkeys(("enable_checkpointing", "logger", "enable_progress_bar", "enable_model_summary"), False)
     return off | {"log_every_n_steps": 0, "num_sanity_val_steps": 0}
 

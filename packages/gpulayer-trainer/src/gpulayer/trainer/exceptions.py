@@ -11,6 +11,8 @@ other than GPUlayer's, the class derives from both.
 class MisconfigurationException(Exception):
     """A misuse of the Trainer, a Module or a callback that Lightning 2.6 reports under this name."""
 
+    argument: str | None = None  # the Trainer argument at fault, where a Trainer argument's check raised it
+
 
 class MisconfiguredValueError(MisconfigurationException, ValueError):
     """A bad value for an argument, a returned object or a logged name."""

@@ -44,15 +44,18 @@ TEST_REQUIREMENTS = {
         "ray[tune]>=2.9",
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
+    "gpulayer-cli": ["lightning==2.6.*"],  # its differential tests run Lightning's LightningCLI
 }
 EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests
-# Installed in dependency order: runtime, trainer, callbacks, fsdp and port, then the meta distribution that pins them.
+# Installed in dependency order: runtime, trainer, callbacks, fsdp, port and cli, then the meta distribution that pins
+# them.
 DISTRIBUTIONS = [
     "gpulayer-runtime",
     "gpulayer-trainer",
     "gpulayer-callbacks",
     "gpulayer-fsdp",
     "gpulayer-port",
+    "gpulayer-cli",
     "gpulayer",
 ]
 PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
@@ -144,9 +147,10 @@ RELIABILITY_REPORT = "tools/reliability_report.py"
 NEWCOMER_CHECK = "tools/newcomer_check.py"
 COMPARISON = "benchmarks/lightning_comparison/compare.py"
 # Run where gpulayer-trainer is installed alone: neither the porting code nor its command come with it.
-WITHOUT_PORT = (
+WITHOUT_PORT_OR_CLI = (
     "import importlib.metadata as m, importlib.util as u; assert u.find_spec('gpulayer.port') is None; "
-    "assert 'port' not in m.entry_points(group='gpulayer.commands').names"
+    "assert 'port' not in m.entry_points(group='gpulayer.commands').names; "
+    "assert u.find_spec('gpulayer.cli') is None and u.find_spec('jsonargparse') is None"
 )
 
 
@@ -270,8 +274,8 @@ def _isolation(session: nox.Session) -> None:
         package = "gpulayer." + (name.removeprefix("gpulayer-") if name != "gpulayer" else "runtime")
         where = f"import {package} as p; assert str(p.__file__).startswith({str(venv)!r}), p.__file__"
         session.run(python, "-c", where, external=True)
-        if name == "gpulayer-trainer":  # the loop only: the porting tool is gpulayer-port's
-            session.run(python, "-c", WITHOUT_PORT, external=True)
+        if name == "gpulayer-trainer":  # the loop only: the porting tool is gpulayer-port's, the CLI gpulayer-cli's
+            session.run(python, "-c", WITHOUT_PORT_OR_CLI, external=True)
         # Multi-process tests run the same code in `gloo` (with every distribution installed) and would double
         # the CI time here; only the runtime's launcher tests run again, to check the installed `gpulayer` command.
         pytest = [python, "-m", *PYTEST, "-p", "no:cacheprovider"]

@@ -35,7 +35,7 @@ def test_every_public_name_gpulayer_shares_with_lightning_is_ported_to_it():
     modules["lightning.pytorch"] = (True, lightning)
     theirs_of = {ours: theirs for theirs, ours in registry.renames().items()}
     missing = []
-    for package in ("gpulayer.trainer", "gpulayer.callbacks", "gpulayer.fsdp"):
+    for package in ("gpulayer.trainer", "gpulayer.callbacks", "gpulayer.fsdp", "gpulayer.cli"):
         for name in importlib.import_module(package).__all__:
             theirs = theirs_of.get(name, name)
             exported = [f"{path}.{theirs}" for path, (ispkg, m) in modules.items() if ispkg and hasattr(m, theirs)]

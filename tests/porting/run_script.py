@@ -3,8 +3,9 @@ A notebook runs as its code cells one after the other, without IPython's magics 
 
 The record (JSON, at OUT) holds the module-level ``trainer``'s class, ``global_step``, ``current_epoch`` and metric dicts,
 every module-level variable whose name ends in ``results`` (what ``validate``/``test`` returned), the
-module-level ``model``'s weights, and the scalars and image steps of a TensorBoardLogger's event files, so that a
-Lightning run and a GPUlayer run of the same script can be compared.
+module-level ``model``'s weights (``cli.trainer`` and ``cli.model`` for a LightningCLI script), and the scalars and
+image steps of a TensorBoardLogger's event files, so that a Lightning run and a GPUlayer run of the same script can be
+compared.
 """
 
 import json
@@ -65,7 +66,8 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's tips and both frameworks' documented warnings
         namespace = runpy.run_path(script, run_name="__main__")
-    trainer, model = namespace["trainer"], namespace["model"]
+    trainer = namespace["trainer"] if "trainer" in namespace else namespace["cli"].trainer
+    model = namespace["model"] if "model" in namespace else namespace["cli"].model
     record = {
         "trainer": f"{type(trainer).__module__}.{type(trainer).__qualname__}",
         "global_step": trainer.global_step,

@@ -101,13 +101,15 @@ def test_bad_input_is_refused_as_lightning_refuses_it(project, base, capsys, arg
         (["fit", "--trainer.max_epochs=-5"], "the flag --trainer.max_epochs"),
         (["fit", "--config", "bad.yaml"], "the config file bad.yaml"),
         (["--config", "outer.yaml", "fit"], "the config file outer.yaml"),
+        (["fit"], "trainer_defaults"),
+        ({"fit": {"trainer": {"max_epochs": -5}}}, "the args given to LightningCLI"),
     ],
 )
 def test_a_value_the_trainer_refuses_fails_naming_its_key_and_where_it_was_set(project, base, capsys, args, setter):
     (base / "gpulayer" / "bad.yaml").write_text("trainer:\n  max_epochs: -5\n")
     (base / "gpulayer" / "outer.yaml").write_text("fit:\n  trainer:\n    max_epochs: -5\n")
     with pytest.raises(SystemExit) as exited:
-        project("gpulayer", args)
+        project("gpulayer", args, trainer_defaults={"max_epochs": -5} if setter == "trainer_defaults" else {})
     assert exited.value.code == 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert "max_epochs=-5: " in error
@@ -125,7 +127,8 @@ def test_a_second_run_refuses_to_overwrite_the_saved_config_as_lightning_does(pr
         errors.append(str(refused.value).replace(f"{base / framework}/", ""))  # GPUlayer's log_dir is absolute
     assert errors[0] == errors[1]
     assert "config.yaml to NOT exist" in errors[0]
-    overwriting = project("gpulayer", args, save_config_kwargs={"overwrite": True})
+    with pytest.warns(UserWarning, match="exists and is not empty"):  # the checkpoint folder, as Lightning warns
+        overwriting = project("gpulayer", args, save_config_kwargs={"overwrite": True})
     assert overwriting.trainer.current_epoch == 1
 
 
@@ -140,10 +143,14 @@ def test_run_false_builds_the_classes_from_a_dict_with_subclasses_and_an_automat
     built = {}
     for framework in ("gpulayer", "lightning"):
         given = yaml.safe_load(yaml.safe_dump(config).replace("PROJECT.", f"{framework}_project."))
-        cli = project(framework, given, model="Regressor", run=False, subclass_mode_model=True)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            cli = project(framework, given, model="Regressor", run=False, subclass_mode_model=True)
+        overridden = "`DeepRegressor.configure_optimizers` will be overridden by `LightningCLI.configure_optimizers`."
+        assert framework == "lightning" or overridden in [str(warning.message) for warning in warned]
         assert type(cli.model).__name__ == "DeepRegressor" and cli.model.hparams.hidden == 3
-        with warnings.catch_warnings():  # torch's deprecation notice inside Lightning's loop
-            warnings.simplefilter("ignore", FutureWarning)
+        with warnings.catch_warnings():  # torch's notice in Lightning's loop, Lightning's calls jsonargparse deprecates
+            warnings.simplefilter("ignore" if framework == "lightning" else "error")
             cli.trainer.fit(cli.model, cli.datamodule)
         optimizer = cli.trainer.optimizers[0]
         built[framework] = (_weights(cli.model), type(optimizer).__name__, optimizer.param_groups[0]["lr"])
@@ -181,3 +188,136 @@ def test_trainer_defaults_callbacks_and_hooks_around_the_subcommand(project, bas
     assert calls == [("before_fit", 2), ("after_fit", 2)]
     assert stopping in cli.trainer.callbacks
     assert cli.config.fit.seed_everything == 5 and cli.config.fit.model.width == 4
+
+
+def test_a_checkpoint_of_a_cli_built_module_loads_into_its_subclass_from_the_base_class(project, base):
+    """load_from_checkpoint_support: the module saves its configuration and the instantiator, so the base class's
+    load_from_checkpoint rebuilds the configured subclass; a checkpoint Lightning's CLI saved loads too, once its
+    project is ported (the class path names the ported module)."""
+    from lightning.pytorch import LightningModule
+
+    from gpulayer.trainer import Module
+
+    args = ["fit", "--model", "PROJECT.DeepRegressor", "--model.hidden", "3", "--trainer.max_epochs", "1"]
+    saved = {}
+    for framework in ("gpulayer", "lightning"):
+        given = [arg.replace("PROJECT.", f"{framework}_project.") for arg in args]
+        cli = project(framework, given, model="Regressor", subclass_mode_model=True)
+        path = cli.trainer.checkpoint_callback.best_model_path
+        saved[framework] = torch.load(path, weights_only=True)
+        with warnings.catch_warnings():  # Lightning's calls that jsonargparse deprecates
+            warnings.simplefilter("ignore" if framework == "lightning" else "error")
+            loaded = (Module if framework == "gpulayer" else LightningModule).load_from_checkpoint(path)
+        assert type(loaded).__name__ == "DeepRegressor" and loaded.hparams.hidden == 3
+        _same_weights(_weights(loaded), _weights(cli.model))
+    ours, theirs = (saved[name]["hyper_parameters"] for name in ("gpulayer", "lightning"))
+    assert ours.pop("_instantiator") == "gpulayer.cli.instantiate_module"
+    assert theirs.pop("_instantiator") == "lightning.pytorch.cli.instantiate_module"
+    assert ours.pop("_class_path") == "gpulayer_project.DeepRegressor"
+    assert theirs["_class_path"] == "lightning_project.DeepRegressor"
+    assert (
+        ours
+        == {key: value for key, value in theirs.items() if key != "_class_path"}
+        == {"width": 4, "lr": 0.05, "hidden": 3}
+    )
+
+    lightnings = base / "lightning.ckpt"
+    theirs["_class_path"] = "gpulayer_project.DeepRegressor"  # the same project, ported
+    torch.save(
+        {
+            **saved["lightning"],
+            "hyper_parameters": {**theirs, "_instantiator": "lightning.pytorch.cli.instantiate_module"},
+        },
+        lightnings,
+    )
+    loaded = Module.load_from_checkpoint(lightnings)
+    assert type(loaded).__module__ == "gpulayer_project" and loaded.hparams.hidden == 3
+    _same_weights(_weights(loaded), saved["lightning"]["state_dict"])
+
+
+def test_a_checkpoint_naming_an_untrusted_instantiator_or_class_is_refused(project, base, tmp_path):
+    from gpulayer.trainer import Module
+
+    cli = project("gpulayer", ["fit", "--trainer.max_epochs", "1"])
+    checkpoint = torch.load(cli.trainer.checkpoint_callback.best_model_path, weights_only=True)
+    for hparams, refused in (
+        ({"_instantiator": "os.system"}, "The instantiator 'os.system' from the checkpoint is not one of the trusted"),
+        ({"_class_path": "collections.OrderedDict"}, "The class 'collections.OrderedDict' requested by the checkpoint"),
+    ):
+        path = tmp_path / "edited.ckpt"
+        torch.save({**checkpoint, "hyper_parameters": {**checkpoint["hyper_parameters"], **hparams}}, path)
+        with pytest.raises(ValueError, match=re.escape(refused)):
+            Module.load_from_checkpoint(path)
+
+
+def test_configs_merge_in_order_and_callbacks_append_from_flags(project, base, capsys):
+    for name in ("lightning", "gpulayer"):
+        (base / name / "second.yaml").write_text("trainer:\n  max_epochs: 3\nmodel:\n  width: 4\n  lr: 0.2\n")
+    args = [
+        *("fit", "--config", "base.yaml", "--config", "second.yaml", "--model.lr", "0.3"),
+        *("--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss"),
+        *("--trainer.callbacks+=LearningRateMonitor", "--print_config"),
+    ]
+    printed = []
+    for framework in ("gpulayer", "lightning"):
+        with pytest.raises(SystemExit):
+            project(framework, args)
+        printed.append(_config(capsys.readouterr().out))
+    assert printed[0] == printed[1]
+    fit = printed[0]
+    assert (fit["seed_everything"], fit["trainer"]["max_epochs"], fit["model"]["lr"]) == (7, 3, 0.3)
+    callbacks = [
+        (callback["class_path"], callback["init_args"].get("monitor")) for callback in fit["trainer"]["callbacks"]
+    ]
+    assert callbacks == [("CALLBACKS.EarlyStopping", "val_loss"), ("CALLBACKS.LearningRateMonitor", None)]
+
+
+def test_help_shows_each_argument_with_its_docstring(project, base, capsys):
+    shown = []
+    for framework in ("gpulayer", "lightning"):
+        with pytest.raises(SystemExit) as exited:
+            project(framework, ["fit", "--help"])
+        assert exited.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        shown.append(text)
+        for line in (
+            "--model.lr LR The SGD learning rate. (type: float, default: 0.05)",
+            "--data.samples SAMPLES How many samples.",
+        ):
+            assert line in text
+    model_part = [text[text.index("--model CONFIG") : text.index("--data CONFIG")] for text in shown]
+    assert _plain(model_part[0]) == _plain(model_part[1])
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_evaluation_subcommands_run_from_a_checkpoint_as_under_lightning(project, base, subcommand):
+    ran = {}
+    for framework in ("gpulayer", "lightning"):
+        fitted = project(framework, ["fit", "--trainer.max_epochs", "1", "--trainer.logger", "false"])
+        path = fitted.trainer.checkpoint_callback.best_model_path
+        overwrite = {"overwrite": True}  # the evaluation's config goes where fit's did
+        cli = project(
+            framework, [subcommand, "--ckpt_path", path, "--trainer.logger", "false"], save_config_kwargs=overwrite
+        )
+        assert cli.subcommand == subcommand
+        ran[framework] = (
+            {name: float(value) for name, value in cli.trainer.callback_metrics.items()},
+            _weights(cli.model),
+        )
+    assert ran["gpulayer"][0] == pytest.approx(ran["lightning"][0], rel=1e-6)
+    _same_weights(ran["gpulayer"][1], ran["lightning"][1])
+    if subcommand != "predict":
+        assert f"{subcommand.replace('validate', 'val')}_loss" in ran["gpulayer"][0]
+
+
+def test_parser_kwargs_give_a_subcommand_its_default_config_file(project, base):
+    built = {}
+    for framework in ("gpulayer", "lightning"):
+        (base / framework / "defaults.yaml").write_text(
+            "trainer:\n  max_epochs: 1\n  logger: false\nmodel:\n  lr: 0.5\n"
+        )
+        kwargs = {"fit": {"default_config_files": [str(base / framework / "defaults.yaml")]}}
+        cli = project(framework, ["fit", "--trainer.enable_checkpointing", "false"], parser_kwargs=kwargs)
+        built[framework] = (cli.trainer.current_epoch, cli.model.hparams.lr, _weights(cli.model))
+    assert built["gpulayer"][:2] == built["lightning"][:2] == (1, 0.5)
+    _same_weights(built["gpulayer"][2], built["lightning"][2])

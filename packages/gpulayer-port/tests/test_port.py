@@ -14,6 +14,7 @@ from gpulayer.port.cli import main
 from gpulayer.port.rewrite import port_code
 
 TUNER = registry.REGISTRY["lightning.pytorch.tuner."].note
+PROFILERS = registry.REGISTRY["lightning.pytorch.profilers."].note
 PACKAGES = Path(__file__).resolve().parents[2]
 
 
@@ -157,24 +158,42 @@ def test_loggers_and_display_callbacks_stay_lightnings_without_a_finding():
     )
 
 
+def test_lightning_cli_names_port_to_gpulayer_cli_and_the_rest_of_its_module_is_reported():
+    source = (
+        "from lightning.pytorch.cli import LightningCLI, LightningArgumentParser, OptimizerCallable\n"
+        "from pytorch_lightning.cli import SaveConfigCallback, LRSchedulerTypeUnion\n"
+        "cli = LightningCLI(Net, run=False)\n"
+    )
+    ported = port_code(source)
+    assert ported.code.splitlines() == [
+        "from gpulayer.cli import LightningArgumentParser, LightningCLI, OptimizerCallable, SaveConfigCallback",
+        f"# gpulayer port: LRSchedulerTypeUnion: {registry.REGISTRY['lightning.pytorch.cli.'].note}",
+        "from pytorch_lightning.cli import LRSchedulerTypeUnion",
+        "cli = LightningCLI(Net, run=False)",
+    ]
+    assert [finding.format("x.py") for finding in ported.findings] == [
+        f"x.py:2:55: LRSchedulerTypeUnion: {registry.REGISTRY['lightning.pytorch.cli.'].note}"
+    ]
+
+
 def test_what_is_not_adopted_is_reported_and_its_import_marked_once():
     source = (
         "import lightning as L\n"
         "from lightning.pytorch.tuner import Tuner  # tune\n"
         "trainer = L.Trainer(strategy='deepspeed', profiler=None, accelerator='GPU', plugins=my_plugins)\n"
         "Tuner(trainer)\n"
-        "cli = L.pytorch.cli.LightningCLI\n"
+        "profiler = L.pytorch.profilers.SimpleProfiler\n"
     )
     ported = port_code(source)
     findings = [finding.format("x.py") for finding in ported.findings]
     assert findings[0] == f"x.py:2:37: Tuner: {TUNER}"
     assert findings[1].startswith("x.py:3:21: Trainer: strategy='deepspeed': accepted values are 'auto', ")
     assert findings[2].startswith("x.py:3:77: Trainer: plugins=my_plugins: GPUlayer takes no plugins")
-    assert findings[3] == f"x.py:5:7: L.pytorch.cli.LightningCLI: {registry.REGISTRY['lightning.pytorch.cli.'].note}"
+    assert findings[3] == f"x.py:5:12: L.pytorch.profilers.SimpleProfiler: {PROFILERS}"
     assert len(findings) == 4  # profiler=None and accelerator='GPU' are accepted
     assert ported.code.splitlines()[:4] == [
         "from gpulayer.trainer import Trainer",
-        f"# gpulayer port: L.pytorch.cli.LightningCLI: {registry.REGISTRY['lightning.pytorch.cli.'].note}",
+        f"# gpulayer port: L.pytorch.profilers.SimpleProfiler: {PROFILERS}",
         "import lightning as L",
         f"# gpulayer port: Tuner: {TUNER}",
     ]

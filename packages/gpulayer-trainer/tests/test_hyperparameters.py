@@ -473,3 +473,31 @@ def test_attribute_dict_matches_lightnings():
         _ = ours.missing
     with pytest.raises(KeyError):
         del ours.missing
+
+
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS)
+def test_given_hyperparameters_replace_the_init_arguments_as_in_lightning(ours, theirs):
+    """What a builder (LightningCLI) gives is saved in place of the arguments, with its instantiator, and ``ignore``
+    still applies (Lightning's ``_given_hyperparameters_context``)."""
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
+
+    from gpulayer.trainer.core.hyperparameters import given_hyperparameters
+
+    def build(base):
+        class M(base):
+            def __init__(self, a, b=2):
+                super().__init__()
+                self.save_hyperparameters(ignore="b")
+
+        return M(1)
+
+    config = {"a": 5, "b": 6, "_class_path": "pkg.M"}
+    with given_hyperparameters(config, "gpulayer.cli.instantiate_module"):
+        saved = dict(build(ours).hparams)
+    with _given_hyperparameters_context(hparams=config, instantiator="lightning.pytorch.cli.instantiate_module"):
+        expected = dict(build(theirs).hparams)
+    assert saved.pop("_instantiator") == "gpulayer.cli.instantiate_module"
+    assert expected.pop("_instantiator") == "lightning.pytorch.cli.instantiate_module"
+    assert saved == expected == {"a": 5, "_class_path": "pkg.M"}
+    assert dict(build(ours).hparams) == {"a": 1}  # outside the block, the arguments again
+    assert config == {"a": 5, "b": 6, "_class_path": "pkg.M"}

@@ -4,6 +4,7 @@ under a subcommand (``fit``, ``validate``, ``test``, ``predict``), with Lightnin
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import types
 import warnings
@@ -15,6 +16,7 @@ import torch
 from jsonargparse import ActionConfigFile, Namespace, class_from_function
 
 from gpulayer.cli import optimizers
+from gpulayer.cli.instantiators import Instantiator
 from gpulayer.cli.parser import AUTOMATIC, LR_SCHEDULERS, LightningArgumentParser
 from gpulayer.cli.save_config import SaveConfigCallback
 from gpulayer.cli.trainer_values import Where, refusal
@@ -47,8 +49,6 @@ class LightningCLI:
         auto_configure_optimizers: bool = True,
         load_from_checkpoint_support: bool = True,
     ) -> None:
-        # load_from_checkpoint_support: the module saves the hyperparameters its own save_hyperparameters saves
-        # (no "_instantiator" entry; see the porting guide's LightningCLI row).
         self.save_config_callback = save_config_callback
         self.save_config_kwargs = save_config_kwargs or {}
         self.trainer_class = trainer_class
@@ -73,6 +73,9 @@ class LightningCLI:
         self._check_trainer_arguments(args)
         self._parse_ckpt_path()
         self._set_seed()
+        self.instantiators: list[tuple[Callable[..., Any], type, bool]] = []  # jsonargparse's, for instantiate
+        if load_from_checkpoint_support:
+            self._add_instantiators()
         self.before_instantiate_classes()
         self.instantiate_classes()
         self.after_instantiate_classes()
@@ -221,12 +224,21 @@ class LightningCLI:
 
     # Building
 
+    def _add_instantiators(self) -> None:
+        """The model and datamodule save their configuration as hyperparameters (``load_from_checkpoint_support``)."""
+        for key, cls, subclasses in (
+            ("model", self._model_class, self.subclass_mode_model),
+            ("data", self._datamodule_class, self.subclass_mode_data),
+        ):
+            built = cls if isinstance(cls, type) else inspect.signature(cls).return_annotation
+            self.instantiators.append((Instantiator(self, key), built, subclasses))
+
     def before_instantiate_classes(self) -> None:
         """Override to run code before the classes are built."""
 
     def instantiate_classes(self) -> None:
         """Build the configured classes: ``self.model``, ``self.datamodule`` and ``self.trainer``."""
-        self.config_init = self.parser.instantiate_classes(self.config)
+        self.config_init = self.parser.instantiate(self.config, instantiators=self.instantiators)
         self.datamodule = self._get(self.config_init, "data")
         self.model = self._get(self.config_init, "model")
         self._add_configure_optimizers_method_to_model(self.subcommand)

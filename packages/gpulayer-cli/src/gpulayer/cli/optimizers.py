@@ -4,10 +4,14 @@ and gives the module as its ``configure_optimizers``."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from jsonargparse import Namespace
+
+# The types a module's __init__ names to have the CLI build its optimizer and scheduler later (dependency injection).
+OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 
 
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -16,6 +20,11 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
     def __init__(self, optimizer: torch.optim.Optimizer, monitor: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(optimizer, *args, **kwargs)
         self.monitor = monitor
+
+
+LRSchedulerCallable = Callable[
+    [torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
+]
 
 
 def with_class_path(cls: type, init_args: Namespace | dict[str, Any] | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from jsonargparse import ArgumentParser, class_from_function
 
+import gpulayer.callbacks  # noqa: F401  (imported, its callbacks resolve by short name: --trainer.callbacks+=EarlyStopping)
 from gpulayer.trainer import Callback, DataModule, MisconfigurationException, Module, Trainer
 from gpulayer.trainer.arguments import DECLARATIONS
 

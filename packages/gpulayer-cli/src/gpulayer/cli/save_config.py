@@ -57,7 +57,9 @@ class SaveConfigCallback(Callback):
                 )
             if trainer.is_global_zero:
                 os.makedirs(log_dir, exist_ok=True)
-                self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+                self.parser.save(
+                    self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
+                )
         if trainer.is_global_zero:
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True

@@ -45,6 +45,18 @@ _CALLBACK = (
     "Lightning's callbacks are refused in GPUlayer's callbacks=; write it as a gpulayer.trainer.Callback, "
     "or keep Lightning's Trainer for it"
 )
+_CLI = "pip install gpulayer-cli"
+_CLI_NAMES = (
+    "LightningCLI",
+    "LightningArgumentParser",
+    "SaveConfigCallback",
+    "ReduceLROnPlateau",
+    "instantiate_class",
+    "instantiate_module",
+    "OptimizerCallable",
+    "LRSchedulerCallable",
+    "ArgsType",
+)
 
 # Names, by Lightning's public path. A path ending in "." answers for every name below it that has no entry.
 REGISTRY: dict[str, Answer] = {
@@ -116,9 +128,14 @@ REGISTRY: dict[str, Answer] = {
     "lightning.pytorch.accelerators.": Answer(
         NOT_ADOPTED, "GPUlayer trains on CPU and CUDA only (no TPU, IPU, HPU, MPS): use accelerator='cpu'/'gpu'/'auto'"
     ),
+    "lightning.pytorch.cli.LightningCLI": _different(
+        "gpulayer.cli.LightningCLI",
+        "pip install gpulayer-cli; a value the Trainer refuses fails as the command line is parsed, naming its key and "
+        "the file or flag that set it (docs/cli.md)",
+    ),
+    **{f"lightning.pytorch.cli.{name}": _adopted(f"gpulayer.cli.{name}", _CLI) for name in _CLI_NAMES[1:]},
     "lightning.pytorch.cli.": Answer(
-        NOT_ADOPTED,
-        "GPUlayer has no LightningCLI; build the Trainer from your own configuration: Trainer(**config['trainer'])",
+        NOT_ADOPTED, f"gpulayer.cli has {', '.join(_CLI_NAMES)}; the rest of Lightning's cli module is not adopted"
     ),
     "lightning.pytorch.utilities.rank_zero.rank_zero_only": _adopted("gpulayer.trainer.rank_zero_only"),
     "lightning.pytorch.utilities.rank_zero.": Answer(

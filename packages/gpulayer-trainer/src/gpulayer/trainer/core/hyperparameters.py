@@ -9,7 +9,9 @@ import pickle
 import types
 import warnings
 from argparse import Namespace
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from torch import nn
@@ -18,6 +20,20 @@ _PRIMITIVE_TYPES = (bool, int, float, str)
 # Lightning drops these names from every ``__init__`` it reads, even when they are real parameters.
 _NEVER_HYPERPARAMETERS = ("__class__", "frame", "frame_args")
 _VAR_KINDS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+# The hyperparameters a builder (LightningCLI) gives the module it builds: save_hyperparameters saves these in place
+# of the __init__ arguments it would read.
+_given_hyperparameters: ContextVar[dict[str, Any] | None] = ContextVar("_given_hyperparameters", default=None)
+
+
+@contextmanager
+def given_hyperparameters(hparams: dict[str, Any], instantiator: str) -> Iterator[None]:
+    """Within this block, ``save_hyperparameters`` saves ``hparams`` and ``_instantiator``, the dotted path of the
+    function ``load_from_checkpoint`` rebuilds the module with (Lightning's ``_given_hyperparameters_context``)."""
+    token = _given_hyperparameters.set({**hparams, "_instantiator": instantiator})
+    try:
+        yield
+    finally:
+        _given_hyperparameters.reset(token)
 
 
 class AttributeDict(dict):
@@ -61,7 +77,8 @@ class HyperparametersMixin:
         """Store ``__init__`` arguments in ``hparams``: all of them, the ones named in ``args``, or one dict/Namespace.
 
         ``ignore`` names arguments to leave out (and drops them if a parent's call already saved them); ``logger``
-        says whether the Trainer sends the hyperparameters to its loggers.
+        says whether the Trainer sends the hyperparameters to its loggers. A module that ``LightningCLI`` builds
+        saves its configuration in place of the arguments.
         """
         self._log_hyperparams = logger
         if len(args) == 1 and not args[0]:  # an empty container: Lightning leaves everything as it was
@@ -72,7 +89,10 @@ class HyperparametersMixin:
         if not isinstance(frame, types.FrameType):
             raise AttributeError("There is no `frame` available while being required.")
 
-        if dataclasses.is_dataclass(self):
+        given = _given_hyperparameters.get()
+        if given is not None:
+            init_args = dict(given)
+        elif dataclasses.is_dataclass(self):
             init_args = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         else:
             init_args = {}

@@ -3,8 +3,10 @@ hyperparameters, then its state loaded, as Lightning's ``lightning/pytorch/core/
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -17,6 +19,13 @@ from gpulayer.trainer.core.module import Module
 
 # Where Lightning releases before 1.0 kept a module's hyperparameters (Lightning's ``CHECKPOINT_PAST_HPARAMS_KEYS``).
 _LEGACY_HPARAMS_KEYS = ("hparams", "module_arguments")
+# The instantiators a checkpoint may name (saved by a LightningCLI-built module), each with GPUlayer's function:
+# a checkpoint names code to run, so only these are trusted (Lightning's ``_ALLOWED_INSTANTIATORS``).
+_INSTANTIATORS = {
+    "gpulayer.cli.instantiate_module": "gpulayer.cli",
+    "lightning.pytorch.cli.instantiate_module": "gpulayer.cli",
+    "pytorch_lightning.cli.instantiate_module": "gpulayer.cli",
+}
 
 
 def load_module(
@@ -90,10 +99,44 @@ def _rebuilt(cls: type, checkpoint: dict[str, Any], overrides: dict[str, Any]) -
     if name and name in names:
         arguments = {name: arguments}
     arguments = {**arguments, **overrides}
+    instantiator = _instantiator(cls, arguments.pop("_instantiator", None), arguments.get("_class_path"))
     # getfullargspec, as Lightning: a decorated __init__ is read here as its wrapper, whose **kwargs keeps everything.
     if not inspect.getfullargspec(cls.__init__).varkw:
         arguments = {key: value for key, value in arguments.items() if key in names}
-    return cls(**arguments)
+    return instantiator(cls, arguments) if instantiator else cls(**arguments)
+
+
+def _instantiator(cls: type, path: Any, class_path: Any) -> Any:
+    """The function a checkpoint's ``_instantiator`` names (None where it names none), once the name is trusted and
+    its ``_class_path`` is a subclass of ``cls`` already imported: loading a checkpoint never imports new code."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or path not in _INSTANTIATORS:
+        raise ValueError(
+            f"The instantiator {path!r} from the checkpoint is not one of the trusted instantiators "
+            f"{sorted(_INSTANTIATORS)} and was blocked to prevent arbitrary code execution."
+        )
+    if class_path is not None and not _is_imported_subclass(class_path, cls):
+        raise ValueError(
+            f"The class {class_path!r} requested by the checkpoint does not resolve to an already imported subclass "
+            f"of {cls.__name__} and was blocked to prevent arbitrary code execution. If you trust this checkpoint, "
+            "import the module that defines the class before loading."
+        )
+    try:
+        module = importlib.import_module(_INSTANTIATORS[path])
+    except ImportError as missing:
+        raise ImportError(
+            f"The checkpoint was saved by a module LightningCLI built ({path}); pip install gpulayer-cli to load it"
+        ) from missing
+    return module.instantiate_module
+
+
+def _is_imported_subclass(class_path: Any, cls: type) -> bool:
+    if not isinstance(class_path, str):
+        return False
+    module_path, _, name = class_path.rpartition(".")
+    target = getattr(sys.modules.get(module_path), name, None)
+    return isinstance(target, type) and issubclass(target, cls)
 
 
 def _as_saved_type(arguments: dict[str, Any], saved_type: Any) -> Any:

@@ -53,6 +53,7 @@ OPTIONS = {
     "manual_accumulate": 0,  # manual optimization accumulating this many batches by hand, without gradient sync
     # on the batches that do not step (strategy.block_backward_sync); the record counts DDP's reductions
     "strategy": "auto",
+    "async_save": False,  # GPUlayer: strategy=DDPStrategy(async_save=True)
 }
 
 
@@ -81,7 +82,13 @@ def _framework(name: str) -> SimpleNamespace:
     import gpulayer.trainer as gl
     from gpulayer.callbacks import EarlyStopping
 
-    return SimpleNamespace(Module=gl.Module, Trainer=gl.Trainer, seed=gl.seed_everything, EarlyStopping=EarlyStopping)
+    return SimpleNamespace(
+        Module=gl.Module,
+        Trainer=gl.Trainer,
+        seed=gl.seed_everything,
+        EarlyStopping=EarlyStopping,
+        DDPStrategy=gl.DDPStrategy,
+    )
 
 
 def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
@@ -179,7 +186,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         accelerator="cpu",
         devices=o.devices,
         num_nodes=o.num_nodes,
-        strategy=o.strategy,
+        strategy=fw.DDPStrategy(async_save=True) if o.async_save else o.strategy,
         max_epochs=o.max_epochs,
         max_steps=o.max_steps,
         max_time=None if o.max_time is None else {"seconds": o.max_time},

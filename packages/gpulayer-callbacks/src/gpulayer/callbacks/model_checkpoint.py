@@ -176,6 +176,7 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
             return
         if self._should_skip_saving_checkpoint(trainer):
             return
+        trainer.strategy.finish_checkpoint_writes()  # before the bookkeeping: the previous saves are in place
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
@@ -191,6 +192,7 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
         if self._defer_save_until_validation:
             # Lightning makes this save only when it saves at validation end; we make it whenever it is deferred.
             candidates = self._monitor_candidates(trainer)
+            trainer.strategy.finish_checkpoint_writes()
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
             self._defer_save_until_validation = False
@@ -200,6 +202,7 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """``save_last``: a run that saved nothing still ends with a last checkpoint."""
         if self.save_last and not self._last_checkpoint_saved:
+            trainer.strategy.finish_checkpoint_writes()
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -283,6 +286,7 @@ class ModelCheckpoint(TopKFiles, Checkpoint):
         )
 
     def _save_epoch_checkpoint(self, trainer: Any) -> None:
+        trainer.strategy.finish_checkpoint_writes()
         candidates = self._monitor_candidates(trainer)
         if self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0:
             self._save_topk_checkpoint(trainer, candidates)

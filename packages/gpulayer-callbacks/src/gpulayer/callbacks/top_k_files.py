@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.checkpoint import save_behind_training
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.logging.logger import after_save_checkpoint
 
@@ -174,7 +175,7 @@ class TopKFiles:
         return trainer.runtime.any(trainer.strategy.checkpoint_exists(filepath) if trainer.is_global_zero else False)
 
     def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
-        trainer.save_checkpoint(filepath, self.save_weights_only)
+        save_behind_training(trainer, filepath, self.save_weights_only)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         after_save_checkpoint(trainer, self)

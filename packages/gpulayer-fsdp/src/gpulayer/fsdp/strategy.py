@@ -134,6 +134,9 @@ class FSDPStrategy(Strategy):
         if self.async_save:
             self._async_saves = AsyncSaves(self.runtime, self.timeout)
 
+    def start_background_writes(self) -> None:
+        """Nothing: ``async_save`` here is the sharded saves' own (``setup_training``)."""
+
     def teardown(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """A sharded module stays sharded where it is, for the next stage. ``fit`` returns (or raises) only once its
         last asynchronous save is in place; later saves are synchronous."""

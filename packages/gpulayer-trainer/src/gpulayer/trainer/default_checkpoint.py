@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpulayer.trainer.checkpoint.checkpoint import save_behind_training
 from gpulayer.trainer.core.callback import Checkpoint
 from gpulayer.trainer.logging.logger import after_save_checkpoint, checkpoint_dir
 
@@ -93,12 +94,13 @@ class DefaultCheckpoint(Checkpoint):
             or self._last_global_step_saved == trainer.global_step
         ):
             return
+        trainer.strategy.finish_checkpoint_writes()  # the previous save's file and what followed it are in place
         previous = self.best_model_path
         path = self._free_name(trainer, f"epoch={trainer.current_epoch}-step={trainer.global_step}", previous)
         # The file's own callback state must name the file itself: a later ckpt_path="best" restores it.
         self.best_model_path = path
         try:
-            trainer.save_checkpoint(path)
+            save_behind_training(trainer, path)
         except BaseException:
             self.best_model_path = previous
             raise

@@ -75,6 +75,16 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
     return checkpoint
 
 
+def save_behind_training(trainer: Trainer, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+    """A checkpoint callback's save: ``trainer.save_checkpoint``, except that while ``fit`` runs with
+    ``async_save`` global rank 0 stages the checkpoint and returns, its file written behind training."""
+    writes = trainer.strategy.background_writes
+    if writes is None or trainer.strategy.saves_on_every_rank:
+        trainer.save_checkpoint(filepath, weights_only)
+    else:
+        writes.save(dump_checkpoint(trainer, weights_only=bool(weights_only)), filepath)
+
+
 def _callback_states(callbacks: list[Any]) -> dict[str, Any]:
     """``{state_key: state_dict()}`` of the callbacks with state; two with one key would lose one (Lightning's error)."""
     states: dict[str, Any] = {}

@@ -8,7 +8,9 @@ writer (another job sharing the folder) is still writing. Reads use ``torch.load
 tensors and plain Python values are rebuilt; a file holding anything else is refused, naming the type, unless
 the caller says the file is trusted. A file that is empty, truncated or no checkpoint at all is refused as such:
 trusting it would not help. A sharded checkpoint (a folder) is written the same way: into a locked temporary
-folder of that name, swapped into place once complete (ADR 0024).
+folder of that name, swapped into place once complete (ADR 0024). A save that fails (a full disk, a read-only
+folder) raises ``CheckpointWriteError``, an ``OSError`` that names the path, the operating system's reason and what
+is left at that path.
 """
 
 from __future__ import annotations
@@ -56,6 +58,21 @@ class NotACheckpointError(DamagedCheckpointError, pickle.UnpicklingError):
     """The file is not a checkpoint: not a format ``torch.save`` writes, or not a dict."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written: ``errno`` and ``strerror`` are the operating system's reason, ``filename``
+    the checkpoint's path, and the message says what is left there."""
+
+    def __init__(self, message: str, code: int, path: str) -> None:
+        super().__init__(code, os.strerror(code), path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # errors cross processes as pickles (spawned ranks, Ray)
+        return type(self), (self.message, self.errno, self.filename)
+
+
 METADATA_FILENAME = "meta.pt"  # a sharded folder's non-tensor state (lightning/fabric/utilities/load.py)
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".ckpt.partial"
 _OLD_TEMPORARY_SUFFIX = ".ckpt"  # the name until 2026-12-04, which ``*.ckpt`` matched; an upgraded run may leave some
@@ -78,18 +95,62 @@ def save_atomic(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     if replaced_folder and not is_sharded_checkpoint(path):  # Lightning's error
         raise IsADirectoryError(f"The checkpoint path exists and is a directory: {path}")
     folder = os.path.dirname(os.path.abspath(path))
-    make_folders(folder)
-    remove_dead_temporaries(folder)
-    with _locked_temporary(folder) as (file, temporary):
-        torch.save(checkpoint, file)
-        file.flush()
-        os.fsync(file.fileno())
-        # Under the lock: a sweeper must not take a finished file for a dead one. A sharded checkpoint there (a
-        # run switched to "full") is swapped out in the same single step, as a folder save swaps out a file.
-        _exchange(temporary, path) if replaced_folder else os.replace(temporary, path)
+    with _naming_write_errors(path):
+        make_folders(folder)
+        remove_dead_temporaries(folder)
+        with _locked_temporary(folder) as (file, temporary):
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+            # Under the lock: a sweeper must not take a finished file for a dead one. A sharded checkpoint there (a
+            # run switched to "full") is swapped out in the same single step, as a folder save swaps out a file.
+            _exchange(temporary, path) if replaced_folder else os.replace(temporary, path)
     if replaced_folder:
         remove(temporary)
     _fsync_folder(folder)
+
+
+@contextlib.contextmanager
+def _naming_write_errors(path: str) -> Iterator[None]:
+    """A save into ``path`` that the operating system refused raises ``CheckpointWriteError``, naming its reason."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        cause = _system_error(error)
+        if cause is None:
+            raise
+        raise CheckpointWriteError(_write_failure(path, cause), cause.errno, path) from error
+
+
+def _system_error(error: BaseException) -> OSError | None:
+    """The operating system's error behind a failed save. torch.save, given a Python file, lets the file's
+    ``OSError`` out of its writer, and closing the archive then fails with a bare ``RuntimeError`` ("unexpected
+    pos") raised while handling it: the ``OSError`` is its context."""
+    if isinstance(error, RuntimeError):
+        error = error.__context__
+    return error if isinstance(error, OSError) and error.errno else None
+
+
+def _write_failure(path: str, cause: OSError) -> str:
+    """What a failed save says: the path, the system's reason (and the folder it concerns, if not the path's own),
+    and what is left."""
+    reason = f"{cause.strerror or os.strerror(cause.errno)} ({errno.errorcode.get(cause.errno, cause.errno)})"
+    failed = cause.filename  # the temporary file, or a folder that could not be created
+    if failed not in (None, path) and not is_temporary(os.path.basename(failed)):
+        reason += f" at {failed}"
+    return f"could not save the checkpoint {path}: {reason}; {_what_is_left(path)}"
+
+
+def _what_is_left(path: str) -> str:
+    """A failed save touches neither the file at its path (it writes a temporary) nor any other checkpoint."""
+    if not os.path.lexists(path):
+        return "no file was written at that path, and no other checkpoint was touched"
+    try:
+        whole = is_sharded_checkpoint(path) or (os.path.isfile(path) and _damage(path) is None)
+    except OSError:  # unreadable: say no more than we know
+        whole = False
+    kept = "the checkpoint already at that path is whole and" if whole else "the file already at that path is"
+    return f"{kept} unchanged, and no other checkpoint was touched"
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:

@@ -209,7 +209,14 @@ def checkpoint_dir(trainer: Trainer) -> str:
 
 def after_save_checkpoint(trainer: Trainer, checkpoint_callback: Any) -> None:
     """Tells the loggers, on rank 0 alone as Lightning's ModelCheckpoint does, that ``checkpoint_callback`` saved (a
-    weak proxy of it, as Lightning passes)."""
-    if trainer.is_global_zero:
-        for logger in trainer.loggers:
-            logger.after_save_checkpoint(weakref.proxy(checkpoint_callback))
+    weak proxy of it, as Lightning passes). A full-state save behind training (``background_writes``) tells them
+    once its file is in place, on the training thread."""
+    if not trainer.is_global_zero:
+        return
+    loggers, proxy = list(trainer.loggers), weakref.proxy(checkpoint_callback)
+    writes = trainer.strategy.background_writes
+    if writes is None:
+        for logger in loggers:
+            logger.after_save_checkpoint(proxy)
+    else:
+        writes.when_written(lambda: [logger.after_save_checkpoint(proxy) for logger in loggers])

@@ -109,6 +109,9 @@ def run_stage(
         if datamodule is not None:
             _call_datamodule_hook(datamodule, "on_exception", error)
         parts.logger_rows.finalize("failed")  # after on_exception, as Lightning's _interrupt
+        write_error = strategy.stop_background_writes(every_rank_here=False)
+        if write_error is not None and write_error is not error:
+            error.add_note(f"A checkpoint write in the background failed too: {write_error}")
         strategy.teardown(trainer.optimizers)
         shut_down_workers(_stage_loaders(trainer, stage))
         trainer.state.stage = None
@@ -123,6 +126,7 @@ def _tear_down(trainer: Trainer, stage: str, parts: StageParts, datamodule: Data
     """A finished stage: release DDP and the optimization, then ``on_fit_end`` and the ``teardown`` hooks."""
     hooks = parts.hooks
     trainer.fit_loop.optimization = None  # with DDP's wrapper (below), its gradient buckets are freed
+    trainer.strategy.stop_background_writes(every_rank_here=True)  # fit returns with its files in place
     trainer.strategy.teardown(trainer.optimizers)
     shut_down_workers(_stage_loaders(trainer, stage))
     parts.logger_rows.finalize("success")
@@ -303,6 +307,7 @@ def _fit(trainer: Trainer, module: Module, parts: StageParts, checkpoint: dict[s
     loop, strategy, hooks = trainer.fit_loop, trainer.strategy, parts.hooks
     loop.resolve_limits()
     strategy.setup_training()  # before configure_optimizers, as Lightning wraps (and the optimizer holds the shards)
+    strategy.start_background_writes()
     trainer.optimizers, trainer.lr_scheduler_configs = strategy.setup_optimizers(hooks.module("configure_optimizers"))
     if module.automatic_optimization:
         _verify_one_optimizer(module, trainer.optimizers)

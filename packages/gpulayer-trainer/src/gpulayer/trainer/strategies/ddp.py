@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
-from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
+from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout, check_async_save
 
 
 class StepRunner(nn.Module):
@@ -39,7 +39,8 @@ class DDPStrategy(Strategy):
     ``timeout`` (a ``timedelta`` or seconds) bounds every collective: a rank that stops answering ends the job
     after it. The default is Lightning's, 30 minutes; ``None`` keeps torch's (30 minutes on gloo, 10 on NCCL). It
     applies to the process group the Trainer creates, not to one that already exists. DDP broadcasts rank 0's
-    parameters and buffers when it wraps the module, then all-reduces gradients in backward.
+    parameters and buffers when it wraps the module, then all-reduces gradients in backward. ``async_save=True`` (not
+    in Lightning): rank 0 writes the checkpoint callbacks' files behind training during ``fit``.
     """
 
     strategy_name = "ddp"
@@ -52,9 +53,11 @@ class DDPStrategy(Strategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        async_save: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
+        self.async_save = check_async_save(async_save, "DDPStrategy")
         for name, value in (
             ("find_unused_parameters", find_unused_parameters),
             ("static_graph", static_graph),
@@ -161,6 +164,8 @@ class DDPStrategy(Strategy):
         options = {k: v for k, v in self.ddp_options().items() if v} | (
             {"timeout": self.timeout} if self.timeout else {}
         )
+        if self.async_save:
+            options["async_save"] = True
         return f"DDPStrategy({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
 

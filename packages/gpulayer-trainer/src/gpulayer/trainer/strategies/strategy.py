@@ -24,6 +24,7 @@ from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.background_writes import BackgroundWrites
 from gpulayer.trainer.core.optimizers import LRSchedulerConfig, parse_optimizers
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ class Strategy:
     is_distributed = False
 
     def __init__(self) -> None:
+        self.async_save = False  # a full-state checkpoint callback's saves are written behind training (fit only)
+        self._writing_behind = False  # while fit runs with async_save, on every rank
+        self._background_writes: BackgroundWrites | None = None  # then, on global rank 0
         self.runtime: Runtime | None = None
         self.precision_plugin: Precision | None = None
         self.root_device = torch.device("cpu")  # the device this process trains on (set by ``attach``)
@@ -118,6 +122,44 @@ class Strategy:
         """True on every rank when ``decision`` is true on all ranks (``all=True``) or on any."""
         return self._runtime.all(decision) if all else self._runtime.any(decision)
 
+    # ---- checkpoint writes behind training (async_save) --------------------------------------------------------------
+    @property
+    def background_writes(self) -> BackgroundWrites | None:
+        """Where a checkpoint callback's full-state saves go while ``fit`` runs with ``async_save``, else None."""
+        return self._background_writes
+
+    def start_background_writes(self) -> None:
+        """At the start of ``fit``: with ``async_save``, global rank 0 writes the checkpoint callbacks' files
+        behind training from now on."""
+        self._writing_behind = self.async_save
+        if self.async_save and self.is_global_zero:
+            self._background_writes = BackgroundWrites()
+
+    def finish_checkpoint_writes(self) -> None:
+        """Before a checkpoint callback's next save, and at the end of ``fit``: wait for global rank 0's writes in
+        flight and run what waited for them. Called on every rank at a point all of them reach: a write that
+        failed fails every rank."""
+        if not self._writing_behind:
+            return
+        error = self._background_writes.finish() if self._background_writes is not None else None
+        if self._runtime.any(error is not None):
+            cause = self._runtime.broadcast(f"{type(error).__name__}: {error}" if self.is_global_zero else None)
+            if error is not None:
+                raise error
+            raise RuntimeError(
+                f"a checkpoint write in the background (async_save=True) failed on global rank 0; the checkpoints "
+                f"saved before it are kept. {cause}"
+            )
+
+    def stop_background_writes(self, *, every_rank_here: bool) -> BaseException | None:
+        """At the end of ``fit``: every write in place, then saves are synchronous again. ``every_rank_here``: a
+        failed write fails every rank (``fit`` ended well); else (``fit`` failed) this rank's write error is
+        returned, for the caller to report with its own."""
+        if every_rank_here:
+            self.finish_checkpoint_writes()
+        writes, self._background_writes, self._writing_behind = self._background_writes, None, False
+        return writes.close() if writes is not None else None
+
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         """Delete a checkpoint file (or folder) on global rank 0, if it exists, once the checkpoints being saved are
         in place (``when_checkpoints_written``); the other ranks return at once."""
@@ -125,14 +167,18 @@ class Strategy:
             self.when_checkpoints_written(functools.partial(checkpoint_io.remove, filepath))
 
     def when_checkpoints_written(self, action: Callable[[], None]) -> None:
-        """Run ``action``, global rank 0's work on checkpoint files (removing an old one, linking ``last``), once
-        every checkpoint this strategy is saving is in place: at once, where ``save_checkpoint`` writes before it
-        returns. An asynchronous save runs it after its write, or never if the write fails."""
-        action()
+        """Run ``action``, global rank 0's work on checkpoint files (removing an old one, linking ``last``, telling
+        the loggers), once every checkpoint this strategy is saving is in place: at once, where ``save_checkpoint``
+        writes before it returns. An asynchronous save runs it after its write, or never if the write fails."""
+        if self._background_writes is None:
+            action()
+        else:
+            self._background_writes.when_written(action)
 
     def checkpoint_exists(self, filepath: str | os.PathLike) -> bool:
         """Whether a checkpoint is at ``filepath`` or being written there (global rank 0's view)."""
-        return os.path.exists(filepath)
+        writes = self._background_writes
+        return (writes is not None and writes.is_being_written(filepath)) or os.path.exists(filepath)
 
     @property
     def _runtime(self) -> Runtime:
@@ -220,8 +266,10 @@ class Strategy:
         return False
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike) -> None:
-        """Write ``checkpoint`` to ``filepath`` atomically: called on global rank 0, or on every rank where
-        ``saves_on_every_rank``."""
+        """Write ``checkpoint`` to ``filepath`` atomically before returning, after any write in flight: called on
+        global rank 0, or on every rank where ``saves_on_every_rank``."""
+        if self._background_writes is not None:
+            self._background_writes.wait()  # the files appear in the order they were asked for
         checkpoint_io.save_atomic(checkpoint, filepath)
 
     def load_checkpoint(self, path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
@@ -247,10 +295,25 @@ def _sharded() -> ModuleType:
 
 
 class SingleDeviceStrategy(Strategy):
-    """One process on one device (``strategy="single_device"``, and ``"auto"`` on one process)."""
+    """One process on one device (``strategy="single_device"``, and ``"auto"`` on one process). ``async_save=True``
+    (not in Lightning): the checkpoint callbacks' saves during ``fit`` return once the state is copied to host memory,
+    and are written behind training."""
 
     strategy_name = "single_device"
     timeout = None
+
+    def __init__(self, *, async_save: bool = False) -> None:
+        super().__init__()
+        self.async_save = check_async_save(async_save, "SingleDeviceStrategy")
+
+    def __repr__(self) -> str:
+        return "SingleDeviceStrategy(async_save=True)" if self.async_save else "SingleDeviceStrategy()"
+
+
+def check_async_save(value: Any, owner: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}(async_save={value!r}): accepted values are True and False")
+    return value
 
 
 def as_timeout(value: timedelta | float | None, owner: str) -> timedelta | None:

@@ -1,0 +1,214 @@
+"""``async_save=True`` on one device: the checkpoint callbacks' files are written behind training, and nothing a user
+sees through the Trainer changes: the same files with the same contents, the same bookkeeping, the loggers told
+after each file is in place, ``ckpt_path="best"``; a write that fails fails ``fit`` and keeps the earlier files."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpulayer.callbacks import ModelCheckpoint
+from gpulayer.trainer import Logger, Module, SingleDeviceStrategy, Trainer
+from gpulayer.trainer.checkpoint import checkpoint_io
+
+
+class Net(Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 16)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self.layer(batch[0]).pow(2).mean())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)]
+
+
+class Recording(Logger):
+    """What ``after_save_checkpoint`` sees, as Lightning's MLflow and W&B loggers read it: the files the callback
+    names (best, last, the top k) that are in place."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root, self.seen = root, []
+
+    name, version = "recording", 0
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def after_save_checkpoint(self, checkpoint_callback):
+        named = [checkpoint_callback.best_model_path, checkpoint_callback.last_model_path]
+        named += list(checkpoint_callback.best_k_models)
+        self.seen.append(sorted({_relative(path, self.root) for path in named if path and os.path.isfile(path)}))
+
+
+def _relative(path, root):
+    return os.path.relpath(path, root) if path else path
+
+
+def _fit(root, async_save, **checkpoint_options):
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(48, 16)), batch_size=8)
+    checkpoint = ModelCheckpoint(dirpath=root / "checkpoints", **checkpoint_options)
+    logger = Recording(root)
+    trainer = Trainer(
+        default_root_dir=root,
+        max_epochs=3,
+        strategy=SingleDeviceStrategy(async_save=async_save),
+        callbacks=[checkpoint],
+        logger=logger,
+        enable_progress_bar=False,
+        log_every_n_steps=2,
+    )
+    trainer.fit(Net(), data, data)
+    return trainer, checkpoint, logger
+
+
+def _files(root):
+    """Every file under ``root/checkpoints``: a checkpoint's contents with ``root`` taken out of its paths, a link's
+    target."""
+    found = {}
+    for path in sorted((root / "checkpoints").iterdir()):
+        if path.is_symlink():
+            found[path.name] = ("link", os.readlink(path))
+        else:
+            found[path.name] = _plain(checkpoint_io.load(path), str(root))
+    return found
+
+
+def _plain(value, root):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.flatten().tolist())
+    if isinstance(value, dict):
+        return {_plain(key, root): _plain(item, root) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, root) for item in value]
+    return value.replace(root, "ROOT") if isinstance(value, str) else value
+
+
+# Each with whether a checkpoint event writes two files (a top-k file, then a copied last).
+CONFIGURATIONS = {
+    "top 2 by val_loss, last copied, every 2 steps": (
+        dict(monitor="val_loss", save_top_k=2, save_last=True, every_n_train_steps=2),
+        True,
+    ),
+    "every epoch, last linked": (dict(save_top_k=-1, save_last="link"), False),
+    "no monitor, the newest kept": (dict(every_n_train_steps=4), False),
+}
+
+
+@pytest.mark.parametrize(("options", "two_files"), CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
+def test_the_same_files_bookkeeping_and_logger_calls_as_synchronous_saves(tmp_path, options, two_files):
+    synchronous = _fit(tmp_path / "sync", False, **options)
+    asynchronous = _fit(tmp_path / "async", True, **options)
+    assert _files(tmp_path / "async") == _files(tmp_path / "sync")
+    for name in ("best_model_path", "last_model_path", "kth_best_model_path"):
+        theirs, ours = (getattr(run[1], name) for run in (synchronous, asynchronous))
+        assert _relative(ours, tmp_path / "async") == _relative(theirs, tmp_path / "sync"), name
+    told, told_synchronously = asynchronous[2].seen, synchronous[2].seen
+    if two_files:  # told once the event's files are in place, a logger told of the first sees the second too
+        assert len(told) == len(told_synchronously)
+        assert all(set(seen) <= set(ours) for seen, ours in zip(told_synchronously, told, strict=True))
+        assert told != told_synchronously
+    else:
+        assert told == told_synchronously
+    assert asynchronous[0].global_step == synchronous[0].global_step == 18
+
+
+def test_fit_returns_with_every_file_in_place_and_best_loads(tmp_path):
+    trainer, checkpoint, _ = _fit(tmp_path, True, monitor="val_loss", save_top_k=1)
+    assert trainer.strategy.background_writes is None  # saves after fit are synchronous
+    assert not [name for name in os.listdir(checkpoint.dirpath) if checkpoint_io.is_temporary(name)]
+    best = Net.load_from_checkpoint(checkpoint.best_model_path)
+    assert torch.equal(best.layer.weight, torch.load(checkpoint.best_model_path)["state_dict"]["layer.weight"])
+    data = DataLoader(TensorDataset(torch.randn(16, 16)), batch_size=8)
+    assert trainer.validate(trainer.lightning_module, data, ckpt_path="best", verbose=False)
+
+
+def test_a_write_that_fails_fails_fit_and_keeps_the_earlier_checkpoints(tmp_path):
+    """The second epoch's file cannot be written (a folder stands at its path): fit fails with the write's error,
+    the first epoch's file still loads, and nothing that follows a save (the link, the loggers) ran for it."""
+    folder = tmp_path / "checkpoints"
+    (folder / "epoch=1-step=12.ckpt").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match=r"epoch=1-step=12\.ckpt"), pytest.warns(UserWarning, match="not empty"):
+        _fit(tmp_path, True, save_top_k=-1, save_last="link", enable_version_counter=False)
+    assert checkpoint_io.load(folder / "epoch=0-step=6.ckpt")["global_step"] == 6
+    assert os.readlink(folder / "last.ckpt") == "epoch=0-step=6.ckpt"
+    assert not [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]
+
+
+def test_async_save_takes_a_bool_and_shows_in_the_repr():
+    assert repr(SingleDeviceStrategy(async_save=True)) == "SingleDeviceStrategy(async_save=True)"
+    with pytest.raises(TypeError, match=r"SingleDeviceStrategy\(async_save='yes'\): accepted values are True and"):
+        SingleDeviceStrategy(async_save="yes")
+
+
+_KILLED_WHILE_WRITING = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+from gpulayer.callbacks import ModelCheckpoint
+from gpulayer.trainer import Module, SingleDeviceStrategy, Trainer
+from gpulayer.trainer.checkpoint import checkpoint_io
+
+saves, torch_save = [], checkpoint_io.torch.save
+
+
+def second_save_stops_half_written(obj, file):
+    saves.append(file)
+    if len(saves) < 2:
+        return torch_save(obj, file)
+    file.write(b"x" * 100_000)
+    file.flush()
+    print("half written", flush=True)
+    sys.stdin.read()  # the parent kills this process here, while training goes on
+
+
+class Net(Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+checkpoint_io.torch.save = second_save_stops_half_written
+checkpoint = ModelCheckpoint(dirpath=sys.argv[1], save_top_k=-1, save_last="link")
+trainer = Trainer(max_epochs=1000, strategy=SingleDeviceStrategy(async_save=True), callbacks=[checkpoint],
+                  logger=False, enable_progress_bar=False)
+trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
+"""
+
+
+def test_a_process_killed_while_a_file_is_written_behind_training_leaves_only_whole_checkpoints(tmp_path):
+    folder = tmp_path / "checkpoints"
+    with subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WHILE_WRITING, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout.readline() == b"half written\n"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+    whole = sorted(path.name for path in folder.glob("*.ckpt"))
+    assert whole == ["epoch=0-step=2.ckpt", "last.ckpt"]  # the second epoch's file is still a temporary
+    assert os.readlink(folder / "last.ckpt") == "epoch=0-step=2.ckpt"
+    assert all(checkpoint_io.load(folder / name)["global_step"] == 2 for name in whole)
+    assert [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]

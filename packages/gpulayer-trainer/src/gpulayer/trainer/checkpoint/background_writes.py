@@ -1,0 +1,112 @@
+"""Full-state checkpoint files written behind training (``async_save=True`` on one device and under DDP, ADR 0029).
+
+A save copies the checkpoint's tensors to host memory (pinned where they live on a GPU) and returns; a thread writes
+the copy with ``checkpoint_io.save_atomic``, so the file appears whole or not at all. The saves of one checkpoint
+event (a top-k file, then ``last``) share one staged copy: a tensor unchanged since it was staged is not copied
+again. A save that finds the state changed while a write is still in flight waits for that write first, so at most
+one staged copy exists. What must follow a file (the loggers' ``after_save_checkpoint``, removing the file it
+replaces, the ``last`` link) waits in order and runs on the training thread once the writes are in place
+(``finish``), never when one failed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from gpulayer.trainer.checkpoint import checkpoint_io
+
+
+class BackgroundWrites:
+    """Global rank 0's checkpoint writes in flight, in the order they were asked for."""
+
+    def __init__(self) -> None:
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulayer-checkpoint-write")
+        self._in_flight: list[tuple[str, Future[None]]] = []
+        self._after_write: list[Callable[[], None]] = []
+        self._staged: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}  # id -> source, version, ptr, copy
+
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+        """Stage ``checkpoint`` and return; its file appears at ``path`` once written."""
+        tensors = _tensors(checkpoint)
+        if self._in_flight and not all(self._is_staged(tensor) for tensor in tensors):
+            self.wait()  # the state moved on: the earlier copy is written before a second one is made
+        memo = {id(tensor): self._stage(tensor) for tensor in tensors}
+        staged = copy.deepcopy(checkpoint, memo)  # containers and plain values too: training may change them
+        copied = torch.cuda.Event() if any(tensor.is_cuda for tensor in tensors) else None
+        if copied is not None:
+            copied.record()
+        written = self._writer.submit(_write, staged, os.fspath(path), copied)
+        self._in_flight.append((os.path.abspath(path), written))
+
+    def is_being_written(self, path: str | os.PathLike) -> bool:
+        return os.path.abspath(path) in (where for where, _ in self._in_flight)
+
+    def when_written(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the writes in flight are in place (at once when none is)."""
+        if self._in_flight:
+            self._after_write.append(action)
+        else:
+            action()
+
+    def wait(self) -> BaseException | None:
+        """Block until every write in flight ended; the first error, if one failed (the staged copy is freed)."""
+        in_flight, self._in_flight, self._staged = self._in_flight, [], {}
+        errors = [written.exception() for _, written in in_flight]
+        return next((error for error in errors if error is not None), None)
+
+    def finish(self) -> BaseException | None:
+        """``wait``, then run what waited for the writes, in order, unless one failed; the error, if one did."""
+        error = self.wait()
+        actions, self._after_write = self._after_write, []
+        if error is None:
+            for action in actions:
+                action()
+        return error
+
+    def close(self) -> BaseException | None:
+        """``finish``, then stop the writer thread."""
+        try:
+            return self.finish()
+        finally:
+            self._writer.shutdown()
+
+    def _is_staged(self, tensor: torch.Tensor) -> bool:
+        found = self._staged.get(id(tensor))
+        return found is not None and found[0] is tensor and found[1:3] == (tensor._version, tensor.data_ptr())
+
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._is_staged(tensor):
+            return self._staged[id(tensor)][3]
+        if tensor.is_cuda:  # pinned: the copy runs on the stream, and the writer waits for it (see save)
+            staged = torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor.detach(), non_blocking=True)
+        else:
+            staged = tensor.detach().clone()
+        self._staged[id(tensor)] = (tensor, tensor._version, tensor.data_ptr(), staged)
+        return staged
+
+
+def _write(checkpoint: dict[str, Any], path: str, copied: torch.cuda.Event | None) -> None:
+    if copied is not None:
+        copied.synchronize()
+    checkpoint_io.save_atomic(checkpoint, path)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value``'s dicts, lists and tuples, each once."""
+    found: dict[int, torch.Tensor] = {}
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            found.setdefault(id(item), item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return list(found.values())

@@ -51,7 +51,7 @@ def _port_mapping(
     if answer.rewritten:
         quote = target.style if target.style in ("'", '"') else ""
         edits.append((target.start_mark.index, target.end_mark.index, f"{quote}{answer.home}{quote}"))
-    elif answer.status == registry.NOT_ADOPTED:
+    elif answer.reported:
         findings.append(_finding(target, target.value, answer.note))
     if registry.public_path(target.value) != _TRAINER:
         return

@@ -17,6 +17,7 @@ ADOPTED = "adopted"  # GPUlayer's name, same behaviour: the import is rewritten
 DIFFERENT = "adopted with a difference"  # rewritten; the porting guide documents the difference
 KEPT = "kept as Lightning's"  # GPUlayer's Trainer takes Lightning's object as it is: the import stays
 NOT_ADOPTED = "not adopted"  # the import stays, marked, and is reported: what to do instead
+ARGUMENT = "an argument instead"  # port writes GPUlayer's argument where the code says where; else as NOT_ADOPTED
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,11 @@ class Answer:
     @property
     def rewritten(self) -> bool:
         return self.status in (ADOPTED, DIFFERENT)
+
+    @property
+    def reported(self) -> bool:
+        """Left to the user, where the port does not write GPUlayer's answer itself: reported, the import marked."""
+        return self.status in (NOT_ADOPTED, ARGUMENT)
 
 
 def _adopted(home: str, note: str = "") -> Answer:
@@ -57,6 +63,8 @@ _CLI_NAMES = (
     "LRSchedulerCallable",
     "ArgsType",
 )
+
+ASYNC_CHECKPOINT_IO = "lightning.pytorch.plugins.io.AsyncCheckpointIO"
 
 # Names, by Lightning's public path. A path ending in "." answers for every name below it that has no entry.
 REGISTRY: dict[str, Answer] = {
@@ -117,6 +125,14 @@ REGISTRY: dict[str, Answer] = {
     ),
     "lightning.pytorch.profilers.": Answer(
         NOT_ADOPTED, "GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself"
+    ),
+    ASYNC_CHECKPOINT_IO: Answer(
+        ARGUMENT,
+        "GPUlayer takes no plugins; pass async_save=True to the strategy instead: "
+        "Trainer(strategy=SingleDeviceStrategy(async_save=True)) on one device, DDPStrategy(async_save=True) on "
+        "several (from gpulayer.trainer), FSDPStrategy(state_dict_type='sharded', async_save=True) under FSDP; the "
+        "checkpoint callbacks' saves in fit are then written behind training, and trainer.save_checkpoint stays "
+        "synchronous (gpulayer port makes the edit where a Trainer call in Python code names its strategy)",
     ),
     "lightning.pytorch.plugins.": Answer(
         NOT_ADOPTED, f"GPUlayer takes no plugins: precision= sets the precision; for anything else {_LAUNCH}"
@@ -191,6 +207,8 @@ _SAME = {
     ),
     "lightning.fabric.utilities.warnings.PossibleUserWarning": "lightning.pytorch.utilities.warnings.PossibleUserWarning",
     "lightning.pytorch.utilities.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+    "lightning.pytorch.plugins.AsyncCheckpointIO": ASYNC_CHECKPOINT_IO,
+    "lightning.pytorch.plugins.io.async_plugin.AsyncCheckpointIO": ASYNC_CHECKPOINT_IO,
 }
 LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
 

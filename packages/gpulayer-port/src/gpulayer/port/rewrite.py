@@ -6,23 +6,28 @@ Each import of a Lightning name is resolved through ``registry``; a module bound
 that uses it (``L.pytorch.callbacks.ModelCheckpoint``). A rewritten name takes GPUlayer's name (``LightningModule``
 -> ``Module``) unless the file binds that name already, and a run of consecutive import lines becomes one sorted
 block of GPUlayer imports followed by the Lightning imports that stay.
+
+Other code changes in one place: a Trainer call's ``AsyncCheckpointIO`` becomes the strategy's ``async_save=True``
+(``async_checkpoint_io``). So Trainer calls are judged once every import is read, and a reported import's fate waits
+for them: a use they take out of the code needs no import, and no finding.
 """
 
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
-from gpulayer.port import registry
+from gpulayer.port import async_checkpoint_io, registry
+from gpulayer.port.apply import MARK, Apply, Statement
 
-MARK = "# gpulayer port: "
 _TRAINER = "lightning.pytorch.Trainer"
+_OUR_TRAINER = "gpulayer.trainer.Trainer"
 
 
 @dataclass(frozen=True, order=True)
@@ -50,13 +55,7 @@ class Ported:
     notes: list[Finding] = field(default_factory=list)
 
 
-@dataclass
-class _Statement:
-    """What becomes of one import statement: GPUlayer imports to add, the aliases that stay, comments above it."""
-
-    imports: set[tuple[str, str, str]] = field(default_factory=set)  # (module, name, bound name)
-    dropped: set[str] = field(default_factory=set)  # bound names of aliases no longer needed
-    comments: list[str] = field(default_factory=list)
+_Reported = tuple[cst.CSTNode, str, str]  # a use of a name the port reports: (the use, its name, what to do)
 
 
 def port_code(code: str) -> Ported:
@@ -64,7 +63,7 @@ def port_code(code: str) -> Ported:
     wrapper = MetadataWrapper(cst.parse_module(code))
     plan = _Plan(wrapper)
     plan.run()
-    module = wrapper.module.visit(_Rewrite(plan))
+    module = wrapper.module.visit(Apply(plan.replacements, plan.edits, plan.statements))
     return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses, plan.notes)
 
 
@@ -77,12 +76,19 @@ class _Plan:
         self.parents = wrapper.resolve(ParentNodeProvider)
         self.positions = wrapper.resolve(PositionProvider)
         self.replacements: dict[cst.CSTNode, cst.CSTNode] = {}
-        self.statements: dict[cst.CSTNode, _Statement] = defaultdict(_Statement)
+        self.statements: dict[cst.CSTNode, Statement] = defaultdict(Statement)
         self.findings: list[Finding] = []
         self.default_loggers: list[Finding] = []
         self.tensorboard_uses: list[Finding] = []
         self.notes: list[Finding] = []
         self.bound = {a.name for scope in set(self.scopes.values()) if scope for a in scope.assignments}
+        self.edits: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]] = {}  # functions of the updated node
+        # each use of a Lightning or GPUlayer name -> its public path and the import it comes by
+        self.resolved: dict[cst.CSTNode, tuple[str, cst.CSTNode]] = {}
+        self.homes: dict[tuple[cst.CSTNode, str], str] = {}  # (import, bound name) -> the GPUlayer name it imports
+        self.removed: set[cst.CSTNode] = set()  # uses of Lightning names the rewrite takes out of the code
+        self.use_notes: dict[cst.CSTNode, str] = {}  # a use left to the user -> what to do, where not its answer's
+        self.settlements: list[Callable[[], None]] = []  # what becomes of reported imports, once the calls are judged
 
     def run(self) -> None:
         for node in self.scopes:
@@ -99,8 +105,16 @@ class _Plan:
                     name = get_full_name_for_node(alias.name) or ""
                     if registry.is_lightning(module):
                         self._from_binding(node, alias, f"{module}.{name}")
+                    elif module.split(".")[0] == "gpulayer":
+                        self._gpulayer_binding(node, alias, f"{module}.{name}")
                     else:
                         self._integration(node, alias, f"{module}.{name}", name)
+        for use, (path, statement) in self.resolved.items():
+            call = self.parents.get(use)
+            if path in (_TRAINER, _OUR_TRAINER) and isinstance(call, cst.Call) and call.func is use:
+                self._trainer_call(call, statement, judged=path == _TRAINER)
+        for settle in self.settlements:
+            settle()
         self.tensorboard_uses = sorted(
             self._finding(node, self.module.code_for_node(node), "")
             for node in self.parents
@@ -114,24 +128,48 @@ class _Plan:
         answer = registry.answer(dotted)
         name = get_full_name_for_node(alias.name) or ""
         bound = alias.evaluated_alias or name
-        if answer.status == registry.NOT_ADOPTED:
-            self._report(alias, name, answer.note, node)
+        references = self._references(node, bound)
+        self.resolved.update(dict.fromkeys(references, (registry.public_path(dotted), node)))
+        if answer.reported:
+            self.settlements.append(lambda: self._settle_name(node, alias, answer, references))
         if not answer.rewritten:
-            self._check_trainer_calls(dotted, self._references(node, bound))
             return
         home, new_name = answer.home.rsplit(".", 1)
         new_bound = alias.evaluated_alias or self._free(new_name, name)
-        for reference in self._references(node, bound):
-            self._check_trainer_calls(dotted, [reference])
+        for reference in references:
             if new_bound != bound and isinstance(reference, cst.Name):
                 self.replacements[reference] = cst.Name(new_bound)
         self.statements[node].imports.add((home, new_name, new_bound))
         self.statements[node].dropped.add(bound)
+        self.homes[node, new_bound] = answer.home
+
+    def _settle_name(
+        self, node: cst.ImportFrom, alias: cst.ImportAlias, answer: registry.Answer, uses: list[cst.CSTNode]
+    ) -> None:
+        """A reported name imported by name: gone with its uses, else reported at the import (or, where the answer is
+        an argument, at each use: what to write there depends on the call)."""
+        name = get_full_name_for_node(alias.name) or ""
+        left = [use for use in uses if use not in self.removed]
+        if uses and not left:
+            self.statements[node].dropped.add(alias.evaluated_alias or name)
+        elif answer.status == registry.ARGUMENT and left:
+            for use in left:
+                self._report(use, name, self.use_notes.get(use, answer.note), node)
+        else:
+            self._report(alias, name, answer.note, node)
+
+    def _gpulayer_binding(self, node: cst.ImportFrom, alias: cst.ImportAlias, dotted: str) -> None:
+        """A GPUlayer name, as a port (this one, or one before issue 41) wrote it: its Trainer's and strategies' calls
+        are followed, so a plugin left by an earlier port moves as Lightning's, and a second port finds what the
+        first found."""
+        bound = alias.evaluated_alias or get_full_name_for_node(alias.name) or ""
+        self.resolved.update(dict.fromkeys(self._references(node, bound), (dotted, node)))
+        self.homes[node, bound] = dotted
 
     def _integration(self, node: cst.CSTNode, alias: cst.ImportAlias, dotted: str, name: str) -> None:
         """An import of another library's Lightning integration: reported, as a finding where it does not work."""
         answer = registry.integration(dotted)
-        if answer is not None and answer.status == registry.NOT_ADOPTED:
+        if answer is not None and answer.reported:
             self._report(alias, name, answer.note, node)
         elif answer is not None:
             self.notes.append(self._finding(alias, name, answer.note))
@@ -140,6 +178,7 @@ class _Plan:
         """A Lightning module bound to a name: each attribute chain through it is resolved on its own."""
         bound = alias.evaluated_alias or alias.evaluated_name  # `import lightning.pytorch` binds "lightning.pytorch"
         needed = False
+        reported: list[_Reported] = []  # unless the rewrite takes them out
         for reference in self._references(node, bound):
             if not isinstance(reference, (cst.Name, cst.Attribute)):
                 needed = True  # a string annotation: left to the user with the import
@@ -151,17 +190,25 @@ class _Plan:
                 needed = True  # the module itself, passed on or tested
                 continue
             answer = registry.answer(dotted)
-            self._check_trainer_calls(dotted, [use])
+            self.resolved[use] = (registry.public_path(dotted), node)
             if answer.rewritten:
                 home, new_name = answer.home.rsplit(".", 1)
                 new_bound = self._free(new_name, dotted.rsplit(".", 1)[1])
                 self.replacements[use] = cst.Name(new_bound)
                 self.statements[node].imports.add((home, new_name, new_bound))
                 continue
-            needed = True
-            if answer.status == registry.NOT_ADOPTED:
-                self._report(use, get_full_name_for_node(use) or dotted, answer.note, node)
-        if not needed:
+            if answer.reported:
+                reported.append((use, get_full_name_for_node(use) or dotted, answer.note))
+            else:
+                needed = True
+        self.settlements.append(lambda: self._settle_module(node, bound, needed, reported))
+
+    def _settle_module(self, node: cst.CSTNode, bound: str, needed: bool, reported: list[_Reported]) -> None:
+        """A module bound by an import: each reported use that stays is reported; the import goes with the last."""
+        left = [(use, name, note) for use, name, note in reported if use not in self.removed]
+        for use, name, note in left:
+            self._report(use, name, self.use_notes.get(use, note), node)
+        if not needed and not left:
             self.statements[node].dropped.add(bound)
 
     def _longest_known(self, node: cst.CSTNode, dotted: str) -> tuple[cst.CSTNode, str]:
@@ -182,21 +229,49 @@ class _Plan:
         """GPUlayer's name, unless the file binds it already (then the Lightning name, imported ``as`` it)."""
         return name if name == lightning_name or name not in self.bound else lightning_name
 
-    def _check_trainer_calls(self, dotted: str, uses: list[cst.CSTNode]) -> None:
-        if registry.public_path(dotted) != _TRAINER:
+    def _trainer_call(self, call: cst.Call, statement: cst.CSTNode, judged: bool) -> None:
+        """The call's ``AsyncCheckpointIO`` moved to its strategy where it can be, and, ``judged`` (Lightning's
+        Trainer), each argument GPUlayer's Trainer refuses reported (``plugins=`` as the move leaves it)."""
+        moved = async_checkpoint_io.move(call, self._path, lambda home: self._bind(call, statement, home))
+        if moved is not None:
+            self.edits.update(moved.edits)
+            self.use_notes.update(moved.notes)
+            self.removed.update(moved.removed)
+        if not judged:
             return
-        for use in uses:
-            call = self.parents.get(use)
-            if not (isinstance(call, cst.Call) and call.func is use):
+        if _default_logger(self.module, call):
+            self.default_loggers.append(self._finding(call, "Trainer", ""))
+        for argument in call.args:
+            if argument.keyword is None:
                 continue
-            if _default_logger(self.module, call):
-                self.default_loggers.append(self._finding(call, "Trainer", ""))
-            for argument in call.args:
-                if argument.keyword is None:
+            value = argument.value
+            if moved is not None and argument.keyword.value == "plugins":
+                if moved.plugins is None:
                     continue
-                why = registry.refused_trainer_argument(argument.keyword.value, _value(self.module, argument.value))
-                if why:
-                    self.findings.append(self._finding(argument, "Trainer", why))
+                value = moved.plugins
+            why = registry.refused_trainer_argument(argument.keyword.value, _value(self.module, value))
+            if why:
+                self.findings.append(self._finding(argument, "Trainer", why))
+
+    def _path(self, node: cst.CSTNode) -> str | None:
+        """The public path of the Lightning or GPUlayer name ``node`` uses, or None."""
+        return self.resolved[node][0] if node in self.resolved else None
+
+    def _bind(self, call: cst.Call, statement: cst.CSTNode, home: str) -> str | None:
+        """The name to write GPUlayer's class ``home`` by at ``call``, imported with the Trainer where the name is free
+        there; None where the name means something else."""
+        module, name = home.rsplit(".", 1)
+        scope = self.scopes[call]
+        if name in scope:
+            return name if all(self.homes.get((a.node, name)) == home for a in scope[name]) else None
+        ours = get_full_name_for_node(statement.module) if isinstance(statement, cst.ImportFrom) else None
+        if ours and not registry.is_lightning(ours):  # GPUlayer's import line (an earlier port's): written again whole
+            for alias in statement.names:
+                bound = alias.evaluated_alias or alias.evaluated_name
+                self.statements[statement].imports.add((ours, alias.evaluated_name, bound))
+                self.statements[statement].dropped.add(bound)
+        self.statements[statement].imports.add((module, name, name))
+        return name
 
     def _report(self, where: cst.CSTNode, name: str, note: str, statement: cst.CSTNode) -> None:
         self.findings.append(self._finding(where, name, note))
@@ -240,131 +315,3 @@ def _value(module: cst.Module, node: cst.BaseExpression) -> object:
         return ast.literal_eval(code.strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return registry.Written(code)
-
-
-class _Rewrite(cst.CSTTransformer):
-    """Applies a ``_Plan``: names replaced, then each body's import lines regrouped."""
-
-    def __init__(self, plan: _Plan) -> None:
-        super().__init__()
-        self.plan = plan
-        self.originals: dict[cst.CSTNode, cst.CSTNode] = {}  # updated small statement -> its original
-
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
-        if original in self.plan.replacements:
-            return self.plan.replacements[original]
-        if original in self.plan.statements:
-            self.originals[updated] = original
-        return super().on_leave(original, updated)
-
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        return updated.with_changes(body=self._regroup(updated.body))
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated.with_changes(body=self._regroup(updated.body))
-
-    def _planned(self, line: cst.CSTNode) -> bool:
-        return isinstance(line, cst.SimpleStatementLine) and any(small in self.originals for small in line.body)
-
-    def _regroup(self, body: tuple[cst.CSTNode, ...]) -> list[cst.CSTNode]:
-        out: list[cst.CSTNode] = []
-        index = 0
-        while index < len(body):
-            run = []  # consecutive lines: a blank line or a comment ends a run (and a notebook's cell is one)
-            while index < len(body) and self._planned(body[index]) and not (run and body[index].leading_lines):
-                run.append(body[index])
-                index += 1
-            if not run:
-                out.append(body[index])
-                index += 1
-                continue
-            out.extend(self._ported_run(run))
-        return out
-
-    def _ported_run(self, run: list[cst.SimpleStatementLine]) -> list[cst.SimpleStatementLine]:
-        """Consecutive lines with Lightning imports: GPUlayer's imports first, sorted, then what stays of them."""
-        imports: set[tuple[str, str, str]] = set()
-        kept: list[cst.SimpleStatementLine] = []
-        carried: list[str] = []  # the comments of lines replaced whole (a "# noqa", a note in parentheses)
-        lead = run[0].leading_lines  # the blank lines and comments above the run stay above it
-        run[0] = run[0].with_changes(leading_lines=())
-        for line in run:
-            smalls: list[cst.BaseSmallStatement] = []
-            comments: list[str] = []
-            for small in line.body:
-                statement = self.plan.statements[self.originals[small]] if small in self.originals else _Statement()
-                imports |= statement.imports
-                comments += statement.comments
-                remaining = _without(small, statement.dropped)
-                if remaining is not None:
-                    smalls.append(remaining)
-            if smalls:
-                kept.append(_with_comments(line.with_changes(body=_last_without_semicolon(smalls)), comments, lead))
-            else:
-                carried += _comments_in(line)
-        added = [_import_line(module, names) for module, names in _by_module(imports)]
-        trailing = run[-1].trailing_whitespace
-        if added and len(run) == 1 and carried == [trailing.comment.value if trailing.comment else None]:
-            added[-1] = added[-1].with_changes(trailing_whitespace=trailing)  # one line: its comment stays on it
-        elif added and carried:
-            added[0] = added[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(c)) for c in carried])
-        lines = added + kept
-        lines[0] = lines[0].with_changes(leading_lines=[*lead, *lines[0].leading_lines])
-        return lines
-
-
-def _comments_in(node: cst.CSTNode) -> list[str]:
-    """The comments written inside ``node`` (its own leading lines excluded by the caller)."""
-    found: list[str] = []
-
-    class Collect(cst.CSTVisitor):
-        def visit_Comment(self, comment: cst.Comment) -> None:
-            found.append(comment.value)
-
-    node.visit(Collect())
-    return found
-
-
-def _without(small: cst.BaseSmallStatement, dropped: set[str]) -> cst.BaseSmallStatement | None:
-    """An import statement without the aliases bound to ``dropped`` names (None when none is left)."""
-    if not dropped or not isinstance(small, (cst.Import, cst.ImportFrom)) or isinstance(small.names, cst.ImportStar):
-        return small
-    names = [a for a in small.names if (a.evaluated_alias or a.evaluated_name) not in dropped]
-    if len(names) == len(small.names):
-        return small
-    if not names:
-        return None
-    names[-1] = names[-1].with_changes(comma=small.names[-1].comma)  # a trailing comma stays
-    return small.with_changes(names=names)
-
-
-def _last_without_semicolon(smalls: list[cst.BaseSmallStatement]) -> list[cst.BaseSmallStatement]:
-    smalls[-1] = smalls[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-    return smalls
-
-
-def _with_comments(
-    line: cst.SimpleStatementLine, comments: list[str], lead: Sequence[cst.EmptyLine]
-) -> cst.SimpleStatementLine:
-    """``line`` with the marks not already above it (in its own leading lines or the run's, ``lead``)."""
-    present = {empty.comment.value for empty in (*lead, *line.leading_lines) if empty.comment}
-    new = [cst.EmptyLine(comment=cst.Comment(text)) for text in comments if text not in present]
-    return line.with_changes(leading_lines=[*line.leading_lines, *new])
-
-
-def _by_module(imports: set[tuple[str, str, str]]) -> list[tuple[str, list[tuple[str, str]]]]:
-    grouped: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for module, name, bound in imports:
-        grouped[module].add((name, bound))
-    return [(module, sorted(grouped[module], key=_isort_key)) for module in sorted(grouped)]
-
-
-def _isort_key(pair: tuple[str, str]) -> tuple[int, str, str]:
-    """isort's order by type, as ruff applies it: constants, classes, then functions and variables."""
-    name = pair[0]
-    return (0 if name.isupper() and len(name) > 1 else 1 if name[0].isupper() else 2, *pair)
-
-
-def _import_line(module: str, names: list[tuple[str, str]]) -> cst.SimpleStatementLine:
-    listed = ", ".join(name if name == bound else f"{name} as {bound}" for name, bound in names)
-    return cst.parse_statement(f"from {module} import {listed}\n")

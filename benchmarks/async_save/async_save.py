@@ -176,12 +176,28 @@ def measure(way: str, args: argparse.Namespace, layers: int, scratch: Path) -> d
     child = {"way": way, "width": args.width, "layers": layers, "batch": args.batch, "every": args.every}
     child |= {"saves": args.saves, "threads": args.threads, "folder": str(folder)}
     argv = [sys.executable, __file__, "--child", json.dumps(child)]
+    busy, ours, start = _busy_cpu(), _children_cpu(), time.perf_counter()
     finished = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.perf_counter() - start
+    # The machine's busy CPU time beyond this way's process (the kernel's writeback of its files among it), as cores:
+    # what other work on a shared machine took while it ran.
+    others = max(0.0, (_busy_cpu() - busy) - (_children_cpu() - ours)) / wall
     shutil.rmtree(folder, ignore_errors=True)
     os.sync()  # no dirty pages of this way's files left to write during the next way
     if finished.returncode != 0:
         sys.exit(f"{way} failed:\n{finished.stdout}\n{finished.stderr}")
-    return json.loads(finished.stdout.splitlines()[-1])
+    return json.loads(finished.stdout.splitlines()[-1]) | {"other work, cores": others}
+
+
+def _busy_cpu() -> float:
+    """Seconds of CPU time the machine spent busy (all cores, since boot): ``/proc/stat``'s first line."""
+    user, nice, system, _idle, _iowait, irq, softirq = Path("/proc/stat").read_text().split()[1:8]
+    return sum(int(ticks) for ticks in (user, nice, system, irq, softirq)) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def summarize(found: dict, saves: int) -> dict:
@@ -202,6 +218,7 @@ def summarize(found: dict, saves: int) -> dict:
             "beyond its steps": run["total"] - len(run["steps"]) * statistics.median(quiet),
             "rss at train start, MB": run["rss at train start, KiB"] / KIB_PER_MB,
             "peak, MB": run["peak, KiB"] / KIB_PER_MB,
+            "other work, cores": run["other work, cores"],
             "run": run,
         }
         if saving is not None:
@@ -262,8 +279,8 @@ def markdown(result: dict) -> str:
         f"{result['date']}: `python benchmarks/async_save/async_save.py {' '.join(result['argv'])}`. "
         f"{machine['cores']} cores ({machine['cpu']}), {machine['memory GB']} GB, checkpoints on {result['disk']}; "
         f"Python {machine['python']}, torch {machine['torch']}, Lightning {machine['lightning']}, gpulayer-trainer "
-        f"{machine['gpulayer-trainer']}. Load average (1 min) {result['load before'][0]:.2f} before the run, "
-        f"{result['load after'][0]:.2f} after it. {settings['threads']} intra-op thread(s) for training; batch "
+        f"{machine['gpulayer-trainer']}. Load average (1 min) {result['load before'][0]:.2f} before the run. "
+        f"{settings['threads']} intra-op thread(s) for training; batch "
         f"{settings['batch']}; a save every {settings['every']} steps, {settings['saves']} per way, and "
         f"{settings['every'] - 1} steps after the last one. Each way in a process of its own.",
     ]
@@ -275,8 +292,8 @@ def markdown(result: dict) -> str:
             f"{model['parameters'] / 1e6:.1f} M parameters, checkpoint {found['checkpoint MB']:.0f} MB",
             "",
             "| way | held per save | / sync's | in place | step | step, write in flight | after the last step "
-            "| total | lost per save | RSS at start | peak RSS |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| total | lost per save | RSS at start | peak RSS | other work |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, way in found["ways"].items():
             ratio = way.get("held over sync's")
@@ -291,6 +308,7 @@ def markdown(result: dict) -> str:
                 _seconds(way.get("lost per save")),
                 f"{way['rss at train start, MB']:.0f} MB",
                 f"{way['peak, MB']:.0f} MB",
+                f"{way['other work, cores']:.2f}",
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     target = result.get("target")
@@ -303,7 +321,9 @@ def markdown(result: dict) -> str:
         "flight*: of the steps begun with one. *after the last step*: the last batch's end to `fit` returning (the "
         "writes in flight are waited for there). *lost per save*: the fit's time beyond its steps at the median "
         "pace, less that of the same trainer's fit without saves, over the saves. *RSS at start*: at "
-        "`on_train_start`; *peak RSS*: `VmHWM` at the end of the process.",
+        "`on_train_start`; *peak RSS*: `VmHWM` at the end of the process. *other work*: the machine's busy CPU time while the way "
+        "ran beyond its own process's, in cores (the kernel's writeback of the way's files counts there too): near 0 "
+        "on an idle machine.",
     ]
     if target is not None:
         verdict = "met" if target["met"] else "not met"

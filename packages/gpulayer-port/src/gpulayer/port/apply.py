@@ -82,7 +82,7 @@ class Apply(cst.CSTTransformer):
         """Consecutive lines with Lightning imports: GPUlayer's imports first, sorted, then what stays of them."""
         imports: set[tuple[str, str, str]] = set()
         kept: list[cst.SimpleStatementLine] = []
-        carried: list[str] = []  # the comments of lines replaced whole (a "# noqa", a note in parentheses)
+        carried: list[str] = []  # the comments of lines replaced whole (a noqa mark, a note in parentheses)
         lead = run[0].leading_lines  # the blank lines and comments above the run stay above it
         run[0] = run[0].with_changes(leading_lines=())
         for line in run:

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import warnings
 from importlib import metadata
@@ -333,7 +334,11 @@ def markdown(result: dict) -> str:
             f"save at 100 M parameters: {target['ratio']:.3f} x ({target['async']:.3f} s against "
             f"{target['sync']:.3f} s), {verdict}.",
         ]
-    return "\n".join(lines) + "\n"
+    # Paragraphs wrapped at 120 characters, as the repository's Markdown; table rows kept whole.
+    return (
+        "\n".join(line if line.startswith("|") else textwrap.fill(line, 120, break_on_hyphens=False) for line in lines)
+        + "\n"
+    )
 
 
 def _triple(spread: dict[str, float]) -> str:

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.callbacks import ModelCheckpoint
-from gpulayer.trainer import Logger, Module, SingleDeviceStrategy, Trainer
+from gpulayer.trainer import Callback, Logger, Module, SingleDeviceStrategy, Trainer
 from gpulayer.trainer.checkpoint import checkpoint_io
 
 
@@ -60,7 +60,7 @@ def _relative(path, root):
     return os.path.relpath(path, root) if path else path
 
 
-def _fit(root, async_save, **checkpoint_options):
+def _fit(root, async_save, callbacks=(), **checkpoint_options):
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(48, 16)), batch_size=8)
     checkpoint = ModelCheckpoint(dirpath=root / "checkpoints", **checkpoint_options)
@@ -69,7 +69,7 @@ def _fit(root, async_save, **checkpoint_options):
         default_root_dir=root,
         max_epochs=3,
         strategy=SingleDeviceStrategy(async_save=async_save),
-        callbacks=[checkpoint],
+        callbacks=[checkpoint, *callbacks],
         logger=logger,
         enable_progress_bar=False,
         log_every_n_steps=2,
@@ -139,13 +139,22 @@ def test_fit_returns_with_every_file_in_place_and_best_loads(tmp_path):
     assert trainer.validate(trainer.lightning_module, data, ckpt_path="best", verbose=False)
 
 
-def test_a_write_that_fails_fails_fit_and_keeps_the_earlier_checkpoints(tmp_path):
+class UserSaves(Callback):
+    """``trainer.save_checkpoint`` of the user's at each epoch's start: synchronous, after the writes in flight."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        trainer.save_checkpoint(os.path.join(trainer.default_root_dir, f"user-{trainer.current_epoch}.ckpt"))
+
+
+@pytest.mark.parametrize("callbacks", [(), (UserSaves(),)], ids=["alone", "with the user's own saves"])
+def test_a_write_that_fails_fails_fit_and_keeps_the_earlier_checkpoints(tmp_path, callbacks):
     """The second epoch's file cannot be written (a folder stands at its path): fit fails with the write's error,
-    the first epoch's file still loads, and nothing that follows a save (the link, the loggers) ran for it."""
+    the first epoch's file still loads, and nothing that follows a save (the link, the loggers) ran for it; a user's
+    synchronous save in between, which waits for that write, does not swallow its failure."""
     folder = tmp_path / "checkpoints"
     (folder / "epoch=1-step=12.ckpt").mkdir(parents=True)
     with pytest.raises(IsADirectoryError, match=r"epoch=1-step=12\.ckpt"), pytest.warns(UserWarning, match="not empty"):
-        _fit(tmp_path, True, save_top_k=-1, save_last="link", enable_version_counter=False)
+        _fit(tmp_path, True, callbacks, save_top_k=-1, save_last="link", enable_version_counter=False)
     assert checkpoint_io.load(folder / "epoch=0-step=6.ckpt")["global_step"] == 6
     assert os.readlink(folder / "last.ckpt") == "epoch=0-step=6.ckpt"
     assert not [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]

@@ -30,6 +30,7 @@ class BackgroundWrites:
         self._in_flight: list[tuple[str, Future[None]]] = []
         self._after_write: list[Callable[[], None]] = []
         self._staged: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}  # id -> source, version, ptr, copy
+        self._error: BaseException | None = None  # the first failed write, until ``finish`` reports it
 
     def save(self, checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         """Stage ``checkpoint`` and return; its file appears at ``path`` once written."""
@@ -54,15 +55,18 @@ class BackgroundWrites:
         else:
             action()
 
-    def wait(self) -> BaseException | None:
-        """Block until every write in flight ended; the first error, if one failed (the staged copy is freed)."""
+    def wait(self) -> None:
+        """Block until every write in flight ended (the staged copy is freed); a failure is kept for ``finish``."""
         in_flight, self._in_flight, self._staged = self._in_flight, [], {}
-        errors = [written.exception() for _, written in in_flight]
-        return next((error for error in errors if error is not None), None)
+        for _, written in in_flight:
+            error = written.exception()
+            self._error = self._error or error
 
     def finish(self) -> BaseException | None:
-        """``wait``, then run what waited for the writes, in order, unless one failed; the error, if one did."""
-        error = self.wait()
+        """``wait``, then run what waited for the writes, in order, unless one failed; the error, if one did (also
+        one an earlier ``wait`` saw)."""
+        self.wait()
+        error, self._error = self._error, None
         actions, self._after_write = self._after_write, []
         if error is None:
             for action in actions:

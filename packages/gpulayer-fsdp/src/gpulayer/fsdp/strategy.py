@@ -17,7 +17,7 @@ from torch import nn
 from gpulayer.fsdp.sharding import FullyShardedModule, shard
 from gpulayer.trainer.checkpoint import sharded as sharded_format
 from gpulayer.trainer.checkpoint.sharded import AsyncSaves
-from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout
+from gpulayer.trainer.strategies.strategy import DEFAULT_TIMEOUT, Strategy, as_timeout, check_async_save
 
 Policy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
 ShardFunction = Callable[..., None]
@@ -60,8 +60,7 @@ class FSDPStrategy(Strategy):
                 f"FSDPStrategy(state_dict_type={state_dict_type!r}): accepted values are 'full' (one file, gathered "
                 "on rank 0) and 'sharded' (a folder of each rank's shards)"
             )
-        if not isinstance(async_save, bool):
-            raise TypeError(f"FSDPStrategy(async_save={async_save!r}): accepted values are True and False")
+        check_async_save(async_save, "FSDPStrategy")
         if async_save and state_dict_type != "sharded":
             raise ValueError(
                 f"FSDPStrategy(async_save=True, state_dict_type={state_dict_type!r}): only sharded checkpoints are "

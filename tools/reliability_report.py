@@ -14,7 +14,15 @@ import re
 import sys
 from pathlib import Path
 
-AREAS = ("Faults", "Preemption and restart", "Bad input", "Data and model faults", "Security", "Known gaps")
+AREAS = (
+    "Faults",
+    "Preemption and restart",
+    "Bad input",
+    "Data and model faults",
+    "Checkpoint writes",
+    "Security",
+    "Known gaps",
+)
 # The columns every area shows, in order, when any of its cases measured them; ``result`` comes last.
 COLUMNS = {
     "exit_status": "exit",

@@ -204,9 +204,9 @@ def _cold_starts(quick: bool) -> dict:
     variants = [variant for variant in (QUICK_VARIANTS if quick else VARIANTS) if variant != "raw_lightning_order"]
     runs: dict[str, dict[str, list[dict]]] = {}
     for workload in COLD_WORKLOADS[:1] if quick else COLD_WORKLOADS:
-        runs[workload] = {variant: [] for variant in variants}
+        runs[workload] = {variant: [] for variant in variants if WORKLOADS[workload].runs(variant)}
         for _ in range(1 if quick else 3):
-            for variant in variants:
+            for variant in runs[workload]:
                 runs[workload][variant].append(_cold_start(workload, variant))
     return runs
 

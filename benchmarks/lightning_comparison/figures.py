@@ -23,6 +23,9 @@ TARGETS = {
     ("default_install", "1 process"): ("raw_lightning_order", 1.05),
     ("default_install_batch_hook", "1 process"): ("raw_lightning_order", 1.10),
 }
+# Issue 41: GPUlayer with its checkpoints written in the background, against the raw loop in Lightning's order (which
+# saves synchronously).
+ASYNC_SAVE_TARGETS = {("default_install", "1 process"): ("raw_lightning_order", 1.05)}
 # Issue 30: Lightning's time per step at least this many times GPUlayer's.
 LIGHTNING_TARGETS = {("default_install", "1 process"): 2.0, ("default_install_batch_hook", "1 process"): 2.0}
 

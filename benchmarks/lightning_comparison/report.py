@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from figures import (
+    ASYNC_SAVE_TARGETS,
     BF16_LOSS_TOLERANCE,
     CUDA_LOSS_TOLERANCE,
     LIGHTNING_TARGETS,
@@ -88,6 +89,14 @@ def _workload_report(results: dict, placement: str, workload: str) -> list[str]:
         lines += [
             "",
             f"Target: GPUlayer at most {target} x {reference}; measured {measured:.3f}: {met(measured <= target)}.",
+        ]
+    reference, target = ASYNC_SAVE_TARGETS.get((workload, placement), (None, None))
+    if reference in variants and "gpulayer_async_save" in variants:
+        measured = ratio(results, placement, workload, "gpulayer_async_save", to=reference)
+        lines += [
+            "",
+            f"Target: GPUlayer with async_save=True at most {target} x {reference}; measured {measured:.3f}:"
+            f" {met(measured <= target)}.",
         ]
     slower = LIGHTNING_TARGETS.get((workload, placement))
     if slower is not None and "lightning" in variants and "gpulayer" in variants:

@@ -55,7 +55,7 @@ def main() -> None:
             continue
         steps = workload.steps // 4 if args.quick else workload.steps
         batches = workload.batches(steps, rank, world_size)
-        variants = [variant for variant in chosen if workload.variants is None or variant in workload.variants]
+        variants = [variant for variant in chosen if workload.runs(variant)]
         for variant in variants:  # warm-up: first-time costs (lazy imports, allocator, autograd) are not timed
             train(variant, workload, batches[: max(10, len(batches) // 4)], distributed, **setting)
         timings: dict[str, dict[str, list[float]]] = {v: {"seconds_per_step": [], "final_loss": []} for v in variants}

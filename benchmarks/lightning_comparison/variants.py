@@ -12,6 +12,8 @@ and the loss, fp32 weights, no gradient scaler). The batches start on the CPU an
   (``training_step`` before ``optimizer_zero_grad``) cannot go below it; the gap to ``raw`` is the order's cost;
 - ``gpulayer``: GPUlayer's Trainer without logger, checkpoints or log line, as the raw loop writes and prints
   nothing (the same switches as ``lightning``'s);
+- ``gpulayer_async_save``: ``gpulayer`` with its checkpoints written in the background
+  (``SingleDeviceStrategy(async_save=True)``); run on the default-install workloads only, the ones that checkpoint;
 - ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
 - ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
 
@@ -35,7 +37,7 @@ import torch
 from default_install import RawDefaultInstall, callbacks, configure_optimizers, counted_batches
 from workloads import Workload, adversarial_step, optimizers_of
 
-VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "lightning", "lightning_defaults")
+VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "gpulayer_async_save", "lightning", "lightning_defaults")
 LOG_EVERY_N_STEPS = 50  # both trainers' default: steps (batch_idx + 1) % 50 == 0 gather and emit the logged values
 
 
@@ -180,12 +182,15 @@ def _trainer(
     # log line, Lightning's bar), as the raw loop writes and prints nothing.
     lean = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     if workload.default_install:  # their checkpoint and CSV logger stay on, their progress output stays off
-        lean = {"enable_progress_bar": False, "callbacks": callbacks(variant, workload.batch_hook)}
+        framework = "gpulayer" if variant.startswith("gpulayer") else "lightning"
+        lean = {"enable_progress_bar": False, "callbacks": callbacks(framework, workload.batch_hook)}
     make_logger = None  # the logger made in the fit's folder, where the trainer's default is not wanted
-    if variant == "gpulayer":
-        from gpulayer.trainer import Module, Trainer
+    if variant.startswith("gpulayer"):
+        from gpulayer.trainer import Module, SingleDeviceStrategy, Trainer
 
         options: dict[str, Any] = lean
+        if variant == "gpulayer_async_save":
+            options = {**lean, "strategy": SingleDeviceStrategy(async_save=True)}
     else:
         from lightning.pytorch import LightningModule as Module
         from lightning.pytorch import Trainer

@@ -13,7 +13,8 @@
   a ``StepLR`` stepped per epoch, the default checkpoint and CSV logger, ``LearningRateMonitor(logging_interval=
   "epoch")``; the raw loops do the same work by hand. ``default_install_batch_hook``: the same with a user callback
   that defines ``on_train_batch_end`` (the raw loops call the same function). One process on the CPU, where the
-  trainer's own cost shows (the GPU check's time stays as it was); no ``lightning_defaults``.
+  trainer's own cost shows (the GPU check's time stays as it was); no ``lightning_defaults``, and GPUlayer also with
+  its checkpoints written in the background (``gpulayer_async_save``).
 
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 SEED = 0
+CHECKPOINTING_VARIANTS = ("gpulayer_async_save",)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,12 @@ class Workload:
     epochs: int = 1  # a fit of ``steps`` steps goes over one epoch's batches (``batches``) this many times
     default_install: bool = False  # checkpoints, CSV logger, StepLR and LR monitor on (default_install.py)
     batch_hook: bool = False  # with a user callback that defines on_train_batch_end
-    variants: tuple[str, ...] | None = None  # the variants that run it; None: every one
+    variants: tuple[str, ...] | None = None  # the variants that run it; None: every one that needs no checkpoints
+
+    def runs(self, variant: str) -> bool:
+        """Whether ``variant`` trains this workload: ``gpulayer_async_save`` differs from ``gpulayer`` only where the
+        trainers checkpoint (the default-install workloads)."""
+        return variant in self.variants if self.variants is not None else variant not in CHECKPOINTING_VARIANTS
 
     def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch's batches of a fit of ``steps`` steps, rank ``rank``'s."""
@@ -254,7 +261,7 @@ WORKLOADS = {
             epochs=4,
             default_install=True,
             batch_hook=batch_hook,
-            variants=("raw", "raw_lightning_order", "gpulayer", "lightning"),
+            variants=("raw", "raw_lightning_order", "gpulayer", "gpulayer_async_save", "lightning"),
         )
         for name, batch_hook in (("default_install", False), ("default_install_batch_hook", True))
     },

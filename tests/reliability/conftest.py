@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-AREAS = ("Faults", "Preemption and restart", "Bad input", "Data and model faults", "Security")
+AREAS = ("Faults", "Preemption and restart", "Bad input", "Data and model faults", "Checkpoint writes", "Security")
 KNOWN_GAPS = "Known gaps"
 
 

@@ -3,9 +3,6 @@ sees through the Trainer changes: the same files with the same contents, the sam
 after each file is in place, ``ckpt_path="best"``; a write that fails fails ``fit`` and keeps the earlier files."""
 
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -164,60 +161,3 @@ def test_async_save_takes_a_bool_and_shows_in_the_repr():
     assert repr(SingleDeviceStrategy(async_save=True)) == "SingleDeviceStrategy(async_save=True)"
     with pytest.raises(TypeError, match=r"SingleDeviceStrategy\(async_save='yes'\): accepted values are True and"):
         SingleDeviceStrategy(async_save="yes")
-
-
-_KILLED_WHILE_WRITING = """
-import sys, torch
-from torch.utils.data import DataLoader, TensorDataset
-from gpulayer.callbacks import ModelCheckpoint
-from gpulayer.trainer import Module, SingleDeviceStrategy, Trainer
-from gpulayer.trainer.checkpoint import checkpoint_io
-
-saves, torch_save = [], checkpoint_io.torch.save
-
-
-def second_save_stops_half_written(obj, file):
-    saves.append(file)
-    if len(saves) < 2:
-        return torch_save(obj, file)
-    file.write(b"x" * 100_000)
-    file.flush()
-    print("half written", flush=True)
-    sys.stdin.read()  # the parent kills this process here, while training goes on
-
-
-class Net(Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-checkpoint_io.torch.save = second_save_stops_half_written
-checkpoint = ModelCheckpoint(dirpath=sys.argv[1], save_top_k=-1, save_last="link")
-trainer = Trainer(max_epochs=1000, strategy=SingleDeviceStrategy(async_save=True), callbacks=[checkpoint],
-                  logger=False, enable_progress_bar=False)
-trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
-"""
-
-
-def test_a_process_killed_while_a_file_is_written_behind_training_leaves_only_whole_checkpoints(tmp_path):
-    folder = tmp_path / "checkpoints"
-    with subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WHILE_WRITING, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    ) as child:
-        try:
-            assert child.stdout.readline() == b"half written\n"
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=60)
-    whole = sorted(path.name for path in folder.glob("*.ckpt"))
-    assert whole == ["epoch=0-step=2.ckpt", "last.ckpt"]  # the second epoch's file is still a temporary
-    assert os.readlink(folder / "last.ckpt") == "epoch=0-step=2.ckpt"
-    assert all(checkpoint_io.load(folder / name)["global_step"] == 2 for name in whole)
-    assert [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]

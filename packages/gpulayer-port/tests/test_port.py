@@ -158,6 +158,76 @@ def test_loggers_and_display_callbacks_stay_lightnings_without_a_finding():
     )
 
 
+@pytest.mark.parametrize(
+    "source, ported",
+    [
+        (
+            "from lightning.pytorch.callbacks.early_stopping import EarlyStopping",
+            "from gpulayer.callbacks import EarlyStopping",
+        ),
+        (
+            "from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint",
+            "from gpulayer.callbacks import ModelCheckpoint",
+        ),
+        (
+            "from pytorch_lightning.callbacks.lr_monitor import LearningRateMonitor",
+            "from gpulayer.callbacks import LearningRateMonitor",
+        ),
+        ("from pytorch_lightning.core.module import LightningModule", "from gpulayer.trainer import Module"),
+        (
+            "from lightning.pytorch.core.datamodule import LightningDataModule",
+            "from gpulayer.trainer import DataModule",
+        ),
+        ("from lightning.pytorch.loggers.csv_logs import CSVLogger", "from gpulayer.trainer import CSVLogger"),
+        (
+            "from lightning.fabric.utilities.rank_zero import rank_zero_only",
+            "from gpulayer.trainer import rank_zero_only",
+        ),
+        (
+            "from lightning.pytorch.callbacks import early_stopping\nstop = early_stopping.EarlyStopping('loss')",
+            "from gpulayer.callbacks import EarlyStopping\nstop = EarlyStopping('loss')",
+        ),
+        (  # accepted by GPUlayer's Trainer: kept, as from its package
+            "from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar",
+            "from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar",
+        ),
+        (
+            "from lightning.pytorch.loggers.tensorboard import TensorBoardLogger",
+            "from lightning.pytorch.loggers.tensorboard import TensorBoardLogger",
+        ),
+    ],
+)
+def test_a_name_imported_from_lightnings_submodules_is_ported_as_from_its_package(source, ported):
+    """issue 43: Lightning's submodule paths of the names GPUlayer adopts or takes map like their package's path
+    (``tests/test_port_registry_homes.py`` walks Lightning's modules for every such path)."""
+    result = port_code(source + "\n")
+    assert (result.code, result.findings, result.notes) == (ported + "\n", [], [])
+
+
+def test_lightnings_helpers_that_work_as_they_are_are_named_without_a_finding(tmp_path, capsys):
+    """issue 43: a helper that needs no Lightning Trainer (``suggested_max_num_workers``, ``grad_norm``) keeps its
+    import, and the report says it works, where ``lightning.fabric``'s other names get the advice to use launch()."""
+    script = tmp_path / "data.py"
+    script.write_text(
+        "import lightning.pytorch as pl\n"
+        "from lightning.fabric.utilities.data import suggested_max_num_workers\n"
+        "from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars\n"
+        "workers = suggested_max_num_workers(1)\n"
+        "norms = pl.utilities.grad_norm(model, norm_type=2)\n"
+    )
+    before = script.read_text()
+    assert main([str(script), "--in-place"]) == 0
+    helper = registry.REGISTRY["lightning.fabric.utilities.suggested_max_num_workers"].note
+    assert registry.answer("lightning.fabric.utilities.data.suggested_max_num_workers").status == registry.WORKS
+    assert capsys.readouterr().out.splitlines() == [
+        f"{script}:2:45: suggested_max_num_workers: {helper}",
+        f"{script}:3:51: convert_tensors_to_scalars: {helper}",
+        f"{script}:5:9: pl.utilities.grad_norm: {helper}",
+    ]
+    assert script.read_text() == before
+    assert registry.answer("lightning.fabric.Fabric").status == registry.NOT_ADOPTED
+
+
 def test_lightning_cli_names_port_to_gpulayer_cli_and_the_rest_of_its_module_is_reported():
     source = (
         "from lightning.pytorch.cli import LightningCLI, LightningArgumentParser, OptimizerCallable\n"
@@ -419,7 +489,7 @@ def test_known_integrations_are_named_with_their_status(tmp_path, capsys):
     printed = capsys.readouterr()
     optuna_note = registry.INTEGRATIONS["optuna_integration.PyTorchLightningPruningCallback"].note
     assert printed.out == f"{script}:2:32: PyTorchLightningPruningCallback: {optuna_note}\n"
-    assert printed.err.endswith("0 findings to do by hand, 1 integration known to work\n")
+    assert printed.err.endswith("0 findings to do by hand, 1 import known to work unchanged\n")
     script.write_text("from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback\n")
     assert main([str(script), "--check"]) == 0
     tune_note = registry.INTEGRATIONS["ray.tune.integration.pytorch_lightning."].note

@@ -710,10 +710,15 @@ def gpulayer() -> Framework:
 
 @pytest.fixture
 def run(lightning: Framework, gpulayer: Framework, tmp_path: Path) -> Callable[..., Result]:
-    """``run("lightning" | "gpulayer" | "gpulayer, Lightning's callback", **scenario) -> Result``; the last is GPUlayer
-    with the recording callback built on Lightning's ``Callback``, as another library ships its callbacks."""
-    third_party = dataclasses.replace(gpulayer, Callback=lightning.Callback)
-    frameworks = {"lightning": lightning, "gpulayer": gpulayer, "gpulayer, Lightning's callback": third_party}
+    """``run("lightning" | "gpulayer" | "gpulayer, Lightning's callback" | "gpulayer, Lightning's DataModule",
+    **scenario) -> Result``; the last two are GPUlayer with the recording callback, or the scenario's data module, built
+    on Lightning's ``Callback`` or ``LightningDataModule``, as another library ships its callbacks and data modules."""
+    frameworks = {
+        "lightning": lightning,
+        "gpulayer": gpulayer,
+        "gpulayer, Lightning's callback": dataclasses.replace(gpulayer, Callback=lightning.Callback),
+        "gpulayer, Lightning's DataModule": dataclasses.replace(gpulayer, DataModule=lightning.DataModule),
+    }
     count = itertools.count()
 
     def run_one(framework: str, **scenario: Any) -> Result:

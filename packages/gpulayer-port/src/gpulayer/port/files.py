@@ -41,7 +41,7 @@ class PortInputError(ValueError):
 @dataclass
 class Report:
     findings: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: what to do
-    notes: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: an integration that works as it is
+    notes: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: an import that works as it is
     failures: list[str] = field(default_factory=list)  # PATH: cannot be parsed: the parser's message
     ported: list[Path] = field(default_factory=list)  # the files read and ported
     written: list[Path] = field(default_factory=list)

@@ -16,6 +16,7 @@ from gpulayer.trainer.strategies.strategy_names import check_strategy
 ADOPTED = "adopted"  # GPUlayer's name, same behaviour: the import is rewritten
 DIFFERENT = "adopted with a difference"  # rewritten; the porting guide documents the difference
 KEPT = "kept as Lightning's"  # GPUlayer's Trainer takes Lightning's object as it is: the import stays
+WORKS = "works as it is"  # a helper that needs no Lightning Trainer: the import stays, named in the report, no finding
 NOT_ADOPTED = "not adopted"  # the import stays, marked, and is reported: what to do instead
 ARGUMENT = "an argument instead"  # port writes GPUlayer's argument where the code says where; else as NOT_ADOPTED
 
@@ -51,6 +52,7 @@ _CALLBACK = (
     "Lightning's callbacks are refused in GPUlayer's callbacks=; write it as a gpulayer.trainer.Callback, "
     "or keep Lightning's Trainer for it"
 )
+_HELPER = "a helper of Lightning's that needs neither its Trainer nor Fabric: the import stays and works"
 _CLI = "pip install gpulayer-cli"
 _CLI_NAMES = (
     "LightningCLI",
@@ -157,6 +159,11 @@ REGISTRY: dict[str, Answer] = {
     "lightning.pytorch.utilities.rank_zero.": Answer(
         NOT_ADOPTED, "GPUlayer has rank_zero_only alone; guard the code with `if trainer.is_global_zero:`"
     ),
+    "lightning.pytorch.utilities.grad_norm": Answer(WORKS, _HELPER),
+    "lightning.fabric.utilities.suggested_max_num_workers": Answer(WORKS, _HELPER),
+    "lightning.fabric.utilities.move_data_to_device": Answer(WORKS, _HELPER),
+    "lightning.fabric.utilities.measure_flops": Answer(WORKS, _HELPER),
+    "lightning.fabric.utilities.apply_func.convert_tensors_to_scalars": Answer(WORKS, _HELPER),
     "lightning.fabric.": Answer(NOT_ADOPTED, f"GPUlayer has no Fabric; {_LAUNCH}"),
     "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),
 }
@@ -185,7 +192,8 @@ INTEGRATIONS: dict[str, Answer] = {
     "ray.train.lightning.": Answer(NOT_ADOPTED, _RAY_TRAIN),
 }
 
-# Other public paths of the same objects: Lightning's defining modules, the `lightning` package's re-exports.
+# Other public paths of the same objects that a name's own path above does not lead to (``_package_level``): the
+# `lightning` package's re-exports, and Fabric's and other modules' paths of what the registry names elsewhere.
 _SAME = {
     "lightning.LightningModule": "lightning.pytorch.LightningModule",
     "lightning.LightningDataModule": "lightning.pytorch.LightningDataModule",
@@ -193,31 +201,43 @@ _SAME = {
     "lightning.Callback": "lightning.pytorch.Callback",
     "lightning.seed_everything": "lightning.pytorch.seed_everything",
     "lightning.Fabric": "lightning.fabric.Fabric",
-    "lightning.pytorch.core.LightningModule": "lightning.pytorch.LightningModule",
-    "lightning.pytorch.core.LightningDataModule": "lightning.pytorch.LightningDataModule",
-    "lightning.pytorch.core.module.LightningModule": "lightning.pytorch.LightningModule",
-    "lightning.pytorch.core.datamodule.LightningDataModule": "lightning.pytorch.LightningDataModule",
-    "lightning.pytorch.trainer.Trainer": "lightning.pytorch.Trainer",
-    "lightning.pytorch.trainer.trainer.Trainer": "lightning.pytorch.Trainer",
-    "lightning.pytorch.callbacks.Callback": "lightning.pytorch.Callback",
-    "lightning.pytorch.callbacks.callback.Callback": "lightning.pytorch.Callback",
+    "lightning.fabric.seed_everything": "lightning.pytorch.seed_everything",
     "lightning.fabric.utilities.seed.seed_everything": "lightning.pytorch.seed_everything",
     "lightning.fabric.utilities.exceptions.MisconfigurationException": (
         "lightning.pytorch.utilities.exceptions.MisconfigurationException"
     ),
     "lightning.fabric.utilities.warnings.PossibleUserWarning": "lightning.pytorch.utilities.warnings.PossibleUserWarning",
     "lightning.pytorch.utilities.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+    "lightning.fabric.utilities.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+    "lightning.fabric.utilities.rank_zero.rank_zero_only": "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+    "lightning.pytorch.utilities.suggested_max_num_workers": "lightning.fabric.utilities.suggested_max_num_workers",
+    "lightning.pytorch.utilities.move_data_to_device": "lightning.fabric.utilities.move_data_to_device",
+    "lightning.pytorch.utilities.measure_flops": "lightning.fabric.utilities.measure_flops",
     "lightning.pytorch.plugins.AsyncCheckpointIO": ASYNC_CHECKPOINT_IO,
-    "lightning.pytorch.plugins.io.async_plugin.AsyncCheckpointIO": ASYNC_CHECKPOINT_IO,
 }
 LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
 
 
 def public_path(dotted: str) -> str:
-    """``dotted`` under Lightning's public module path: ``pytorch_lightning`` is ``lightning.pytorch``."""
+    """``dotted`` under Lightning's public module path: ``pytorch_lightning`` is ``lightning.pytorch``, and a name in a
+    submodule is the name the registry gives its package (``_package_level``)."""
     if dotted == "pytorch_lightning" or dotted.startswith("pytorch_lightning."):
         dotted = "lightning.pytorch" + dotted[len("pytorch_lightning") :]
-    return _SAME.get(dotted, dotted)
+    return _package_level(_SAME.get(dotted, dotted))
+
+
+def _package_level(dotted: str) -> str:
+    """A name imported from a submodule of the package the registry names it in, as the registry names it:
+    ``lightning.pytorch.callbacks.early_stopping.EarlyStopping`` is ``lightning.pytorch.callbacks.EarlyStopping``,
+    ``lightning.pytorch.core.module.LightningModule`` is ``lightning.pytorch.LightningModule`` (Lightning's packages
+    export what their submodules define; a test walks Lightning 2.6's modules for every such path)."""
+    module, _, name = dotted.rpartition(".")
+    parts = module.split(".")
+    for end in range(len(parts), 1, -1):  # the module itself, then each package above it, down to lightning.<x>
+        candidate = ".".join(parts[:end]) + "." + name
+        if candidate in REGISTRY:
+            return candidate
+    return dotted
 
 
 def is_lightning(dotted: str) -> bool:

@@ -51,7 +51,8 @@ class Ported:
     # default to be a TensorBoardLogger: across a project, each such Trainer call gets a finding (``files.py``).
     default_loggers: list[Finding] = field(default_factory=list)
     tensorboard_uses: list[Finding] = field(default_factory=list)
-    # Imports of other libraries' Lightning integrations that work as they are (``registry.INTEGRATIONS``): no finding.
+    # Imports that work as they are, other libraries' Lightning integrations (``registry.INTEGRATIONS``) and Lightning's
+    # helpers (``registry.WORKS``): no finding.
     notes: list[Finding] = field(default_factory=list)
 
 
@@ -64,7 +65,7 @@ def port_code(code: str) -> Ported:
     plan = _Plan(wrapper)
     plan.run()
     module = wrapper.module.visit(Apply(plan.replacements, plan.edits, plan.statements))
-    return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses, plan.notes)
+    return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses, sorted(plan.notes))
 
 
 class _Plan:
@@ -132,6 +133,8 @@ class _Plan:
         self.resolved.update(dict.fromkeys(references, (registry.public_path(dotted), node)))
         if answer.reported:
             self.settlements.append(lambda: self._settle_name(node, alias, answer, references))
+        elif answer.status == registry.WORKS:
+            self.notes.append(self._finding(alias, name, answer.note))
         if not answer.rewritten:
             return
         home, new_name = answer.home.rsplit(".", 1)
@@ -199,8 +202,10 @@ class _Plan:
                 continue
             if answer.reported:
                 reported.append((use, get_full_name_for_node(use) or dotted, answer.note))
-            else:
-                needed = True
+                continue
+            if answer.status == registry.WORKS:
+                self.notes.append(self._finding(use, get_full_name_for_node(use) or dotted, answer.note))
+            needed = True
         self.settlements.append(lambda: self._settle_module(node, bound, needed, reported))
 
     def _settle_module(self, node: cst.CSTNode, bound: str, needed: bool, reported: list[_Reported]) -> None:

@@ -18,7 +18,7 @@ from gpulayer.trainer.arguments import argument_properties, defaults_from_enviro
 from gpulayer.trainer.checkpoint.checkpoint import CheckpointRequest, dump_checkpoint
 from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.core.callback import Callback, Checkpoint
-from gpulayer.trainer.core.datamodule import DataModule
+from gpulayer.trainer.core.datamodule import DataModule, datamodule_base
 from gpulayer.trainer.core.hooks import Hooks
 from gpulayer.trainer.core.lightning_private import lightning_private
 from gpulayer.trainer.core.module import Module
@@ -157,7 +157,7 @@ class Trainer(TrainerProperties):
         ``ckpt_path`` resumes a run: a path, ``"last"`` or ``"best"``. Checkpoints load with
         ``weights_only=True`` unless you pass ``weights_only=False`` for a file you trust.
         """
-        if isinstance(train_dataloaders, DataModule):
+        if datamodule_base(train_dataloaders) is not None:
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
         module = _check_module(model, "fit")
@@ -244,7 +244,7 @@ class Trainer(TrainerProperties):
     ) -> tuple[Module, Any, DataModule | None]:
         """The module, loaders and DataModule of an evaluation entry point: a DataModule passed as ``dataloaders``
         (positionally too) is the DataModule, as in Lightning."""
-        if isinstance(dataloaders, DataModule):
+        if datamodule_base(dataloaders) is not None:
             datamodule, dataloaders = dataloaders, None
         _check_sources(datamodule, dataloaders)
         if model is None:
@@ -382,8 +382,11 @@ def _check_module(model: Any, stage: str) -> Module:
 def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:
     if datamodule is not None and any(loader is not None for loader in loaders):
         raise MisconfiguredValueError("pass either dataloaders or a datamodule, not both")
-    if datamodule is not None and not isinstance(datamodule, DataModule):
-        raise TypeError(f"datamodule must be a gpulayer.trainer.DataModule, got {type(datamodule).__name__}")
+    if datamodule is not None and datamodule_base(datamodule) is None:
+        raise TypeError(
+            "datamodule must be a gpulayer.trainer.DataModule (or another library's LightningDataModule), got "
+            f"{type(datamodule).__name__}"
+        )
 
 
 def _print_results(stage: str, results: list[dict[str, float]]) -> None:

@@ -115,5 +115,21 @@ class DataModule(DataHooks, HyperparametersMixin):
         return os.linesep.join(lines)
 
 
+# Lightning's LightningDataModule, recognised by its name and module so that the trainer never imports Lightning.
+_LIGHTNING_DATAMODULE_MODULES = ("lightning.pytorch.core.datamodule", "pytorch_lightning.core.datamodule")
+
+
+def datamodule_base(datamodule: Any) -> type | None:
+    """The class ``datamodule``'s hooks override: GPUlayer's ``DataModule``, or Lightning's ``LightningDataModule`` for
+    one another library built on it (PyTorch Geometric's ``LightningDataset``) or Lightning's ``from_datasets`` made,
+    which the Trainer takes as it is; None for anything else."""
+    if isinstance(datamodule, DataModule):
+        return DataModule
+    for kind in type(datamodule).__mro__:
+        if kind.__name__ == "LightningDataModule" and kind.__module__ in _LIGHTNING_DATAMODULE_MODULES:
+            return kind
+    return None
+
+
 def _size(loader: DataLoader) -> str:
     return str(len(loader.dataset)) if isinstance(loader.dataset, Sized) else "NA"

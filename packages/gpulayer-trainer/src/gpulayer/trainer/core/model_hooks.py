@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.batch import map_tensors
+from gpulayer.trainer.batch import move_to_device
 from gpulayer.trainer.exceptions import MisconfiguredNotImplementedError
 
 
@@ -147,8 +147,7 @@ class DataHooks:
         return batch
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        non_blocking = device.type == "cuda"
-        return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+        return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.core.datamodule import DataModule
+from gpulayer.trainer.core.datamodule import datamodule_base
 from gpulayer.trainer.core.export import ExportMixin
 from gpulayer.trainer.core.hooks import _call_step, is_overridden
 from gpulayer.trainer.core.hyperparameters import HyperparametersMixin
@@ -376,7 +376,7 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         """A batch hook as a stage calls it: the DataModule's where it overrides it, else the module's, recorded as
         the running hook for ``self.log``."""
         datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None and is_overridden(name, datamodule, DataModule):
+        if datamodule is not None and is_overridden(name, datamodule, datamodule_base(datamodule)):
             return getattr(datamodule, name)(*args)
         return _call_step(self, self.__dict__, name, *args)
 

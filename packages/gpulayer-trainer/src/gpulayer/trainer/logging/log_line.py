@@ -75,6 +75,7 @@ def _count(total: float) -> str:
 
 def _safe_batch_size(batch: Any) -> int:
     try:
-        return batch_size_of(batch)
-    except ValueError:
+        size = batch_size_of(batch, warn=False)  # Lightning warns from self.log alone
+    except RecursionError:
         return 1
+    return 1 if size is None else size

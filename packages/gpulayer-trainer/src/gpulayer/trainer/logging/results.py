@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gpulayer.trainer.batch import batch_size_of
+from gpulayer.trainer.batch import NO_BATCH_SIZE, batch_size_of
 from gpulayer.trainer.exceptions import MisconfiguredValueError
+from gpulayer.trainer.logging.rank_zero import rank_zero_only
 
 DATALOADER_SUFFIX = "/dataloader_idx_{}"
 _STEP, _EVAL_STEP, _EPOCH_ONLY = ((True, False), True), ((False, True), True), ((False, True), False)
@@ -274,7 +275,9 @@ class ResultCollection(dict):
         if self.batch_size is None:
             if self.batch is None or not (meta.on_epoch and meta.reduce == "mean"):
                 return 1
-            self.batch_size = batch_size_of(self.batch)
+            self.batch_size = batch_size_of(self.batch, warn=rank_zero_only.rank == 0)  # Lightning's rank_zero_warn
+            if self.batch_size is None:
+                raise MisconfiguredValueError(NO_BATCH_SIZE)
         return self.batch_size
 
     def metrics(self, on_step: bool, sync: Sync | None = None, distributed: bool = False) -> tuple[dict, dict, dict]:

@@ -45,6 +45,7 @@ TEST_REQUIREMENTS = {
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
     "gpulayer-cli": ["lightning==2.6.*"],  # its differential tests run Lightning's LightningCLI
+    "gpulayer-port": ["lightning==2.6.*"],  # gpulayer port --verify runs the original under Lightning
 }
 EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests
 # Installed in dependency order: runtime, trainer, callbacks, fsdp, port and cli, then the meta distribution that pins

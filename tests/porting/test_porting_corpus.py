@@ -4,27 +4,32 @@
 ``test_only_the_imports_change`` proves for every script that the port changed nothing but the imports and the
 Lightning names it renames (``pl.LightningModule`` -> ``Module``): the two syntax trees, imports left out and the
 names mapped, are the same. Scripts that use what GPUlayer does not adopt are not run; their reports are checked
-line by line. Each run is recorded by ``run_script.py`` (steps, epoch, metrics, what validate/test returned, weights,
-TensorBoard scalars).
+line by line. Each run is recorded by ``run_script.py`` with gpulayer-port's recorder and compared by its comparison,
+the ones ``gpulayer port --verify`` uses (each call's steps, epochs, metrics, returned values, logged rows and
+checkpoint files; weights and optimizer state; here also TensorBoard scalars and images). ``gpulayer port --verify``
+itself runs every script too, capped.
 """
 
 import ast
 import json
-import math
 import os
-import subprocess
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpulayer.port import registry
+from gpulayer.port.comparison import compare_records, compare_values
 from gpulayer.port.files import port_paths
+from gpulayer.runtime.testing import run_command
 
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "corpus"
+README = HERE.parents[1] / "README.md"
+GUIDE = HERE.parents[1] / "docs" / "porting-from-lightning.md"
 SCRIPT_TIMEOUT_S = 300
-METRIC_RTOL = 1e-6
 _PROFILER = (
     "profiler='simple': GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself, or use "
     "benchmarks/ (accepted: None)"
@@ -111,33 +116,18 @@ def _lightning_imports(source: str) -> list[str]:
 
 def _run(script: Path, folder: Path) -> dict:
     folder.mkdir(parents=True)
-    record = folder / "record.json"
+    record = folder / "record.pt"
     environment = {**os.environ, "OUT_DIR": str(folder / "out"), "PYTHONHASHSEED": "0"}
-    finished = subprocess.run(
+    finished = run_command(
         [sys.executable, str(HERE / "run_script.py"), str(script), str(record)],
-        cwd=folder,
+        cwd=str(folder),
         env=environment,
-        capture_output=True,
-        text=True,
         timeout=SCRIPT_TIMEOUT_S,
     )
-    assert finished.returncode == 0, f"{script.name} failed:\n{finished.stderr[-4000:]}"
-    return json.loads(record.read_text())
-
-
-def _same(expected, actual, where: str) -> None:
-    if isinstance(expected, dict):
-        assert sorted(expected) == sorted(actual), f"{where}: {sorted(expected)} != {sorted(actual)}"
-        for key in expected:
-            _same(expected[key], actual[key], f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert len(expected) == len(actual), where
-        for index, (a, b) in enumerate(zip(expected, actual, strict=True)):
-            _same(a, b, f"{where}[{index}]")
-    elif isinstance(expected, float):
-        assert math.isclose(expected, actual, rel_tol=METRIC_RTOL, abs_tol=1e-9), f"{where}: {expected} != {actual}"
-    else:
-        assert expected == actual, f"{where}: {expected!r} != {actual!r}"
+    assert finished.returncode == 0 and record.exists(), f"{script.name} failed:\n{finished.stderr[-4000:]}"
+    recorded = torch.load(record, weights_only=True)
+    assert recorded["error"] is None, f"{script.name} failed:\n{recorded['error']['text']}"
+    return recorded
 
 
 @pytest.mark.parametrize("script", CORPUS, ids=[path.stem for path in CORPUS])
@@ -167,17 +157,58 @@ def test_the_script_trains_alike_under_lightning_and_gpulayer(script, ported, tm
     theirs = _run(script, tmp_path / "lightning")
     ours = _run(ported / script.name, tmp_path / "gpulayer")
     # The port alone moved the run to GPUlayer's Trainer (a config-built one too, for the Hydra project).
-    assert theirs["trainer"].split(".", 1)[0] in ("lightning", "pytorch_lightning")
-    assert ours["trainer"] == "gpulayer.trainer.trainer.Trainer"
-    keys = ["global_step", "current_epoch", "callback_metrics", "logged_metrics", "returned"]
+    assert {call["trainer"].split(".", 1)[0] for call in theirs["calls"]} <= {"lightning", "pytorch_lightning"}
+    assert {call["trainer"] for call in ours["calls"]} == {"gpulayer.trainer.trainer.Trainer"}
+    # Each call's steps, epochs, metrics, returned values, logged rows and checkpoint files, then weights and the
+    # optimizers' state: bit for bit.
+    assert compare_records(theirs, ours).verdict == "identical"
     if "TensorBoardLogger" in _code(script):  # logger=True is a TensorBoardLogger in Lightning alone (tensorboard here)
-        keys.append("tensorboard")
-    for key in keys:
-        _same(theirs[key], ours[key], key)
-    for name, weights in theirs["weights"].items():
-        assert ours["weights"][name] == weights, f"weights {name} differ"
+        assert compare_values(theirs["tensorboard"], ours["tensorboard"], "tensorboard").verdict == "identical"
+
+
+@pytest.mark.porting
+@pytest.mark.parametrize("script", TRAINED, ids=[path.stem for path in TRAINED])
+def test_gpulayer_port_verify_finds_the_capped_runs_identical(script, tmp_path):
+    """``gpulayer port corpus --verify --script SCRIPT``: the corpus folder ported into a temporary folder, the
+    script run under both trainers capped at 8 steps, and found identical; nothing is left in the temporary folder."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    environment = {**os.environ, "OUT_DIR": "out", "TMPDIR": str(temporary), "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "gpulayer.runtime", "port", str(FOLDER), "--verify", "--steps", "8"]
+    finished = run_command([*command, "--script", str(script)], env=environment, timeout=2 * SCRIPT_TIMEOUT_S)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.stdout.splitlines()[-1] == "identical", finished.stdout
+    assert list(temporary.iterdir()) == []
+
+
+def _block(page: Path, marker: str) -> str:
+    """The fenced block after ``<!-- marker -->`` in ``page``."""
+    found = re.search(rf"<!-- {re.escape(marker)} -->\n```\w*\n(.*?)```\n", page.read_text(), re.DOTALL)
+    assert found, f"no block marked {marker} in {page.name}"
+    return found.group(1)
+
+
+def _without_versions(shown: str) -> str:
+    return re.sub(r"under (\w+) \S+, its port under GPUlayer \S+", r"under \1 X, its port under GPUlayer Y", shown)
+
+
+@pytest.mark.porting
+@pytest.mark.parametrize(
+    ("script", "name", "output"), [("example", "train.py", "output"), ("resume", "resume.py", "differs")]
+)
+def test_the_verify_runs_the_guide_and_readme_show_are_real(script, name, output, tmp_path):
+    """The guide's ``--verify`` examples, run: what they print (stderr and stdout as a terminal shows them) and their
+    exit status; the README shows the first."""
+    (tmp_path / name).write_text(_block(GUIDE, f"verify: {script}"))
+    command = [sys.executable, "-m", "gpulayer.runtime", "port", name, "--verify"]
+    shell = ["sh", "-c", '"$@" 2>&1; echo "(exit status $?)"', "sh", *command]
+    finished = run_command(shell, cwd=str(tmp_path), timeout=2 * SCRIPT_TIMEOUT_S)
+    shown = f"$ gpulayer port {name} --verify\n{finished.stdout}"
+    assert _without_versions(shown) == _without_versions(_block(GUIDE, f"verify: {output}"))
+    if output == "output":
+        assert _block(README, "verify: output") == _block(GUIDE, "verify: output")
 
 
 def test_the_corpus_has_the_scripts_the_readme_counts():
-    readme = (HERE.parents[1] / "README.md").read_text()
+    readme = README.read_text()
     assert f"{len(TRAINED)} Lightning scripts" in " ".join(readme.split())

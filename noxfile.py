@@ -279,8 +279,9 @@ def _isolation(session: nox.Session) -> None:
             session.run(python, "-c", WITHOUT_PORT_OR_CLI, external=True)
         # Multi-process tests run the same code in `gloo` (with every distribution installed) and would double
         # the CI time here; only the runtime's launcher tests run again, to check the installed `gpulayer` command.
+        # Porting tests run a ported project, which imports the other distributions: they run in `porting`.
         pytest = [python, "-m", *PYTEST, "-p", "no:cacheprovider"]
-        single = "not cuda and not multiprocess and not multinode"
+        single = "not cuda and not multiprocess and not multinode and not porting"
         session.run(*pytest, "-m", single, f"packages/{name}/tests", external=True)
         if name == "gpulayer-runtime":
             session.run(*pytest, "-m", "multiprocess", LAUNCHER_TESTS, external=True)

@@ -15,6 +15,7 @@ import torch
 from gpulayer.port.cli import main
 from gpulayer.port.comparison import compare_records, compare_values
 from gpulayer.port.trainer_caps import capped
+from gpulayer.port.verify import Run, not_installed
 from gpulayer.runtime.testing import run_command
 
 COMMAND_TIMEOUT_S = 300
@@ -171,6 +172,26 @@ def test_without_lightning_verify_is_refused_saying_what_to_install(tmp_path, mo
         main(["train.py", "--verify"])
     assert exit.value.code == 2
     assert "--verify runs the original under Lightning, which is not installed here" in capsys.readouterr().err
+
+
+def _failed_importing(framework: str, module: str) -> Run:
+    error = {"text": f"ModuleNotFoundError: No module named '{module}'", "missing_module": module}
+    return Run(framework, 1, {"calls": [], "trainers_built": 0, "error": error}, "")
+
+
+def test_a_run_that_cannot_import_its_framework_names_what_to_install():
+    """Lightning for the original; for the port, the GPUlayer distribution of the module it imports (gpulayer-port
+    alone does not install gpulayer-callbacks, which a ported ModelCheckpoint needs)."""
+    finished = Run("Lightning", 0, {"calls": [], "trainers_built": 1, "error": None}, "")
+    ours = _failed_importing("GPUlayer", "gpulayer.callbacks")
+    assert not_installed((finished, ours)) == (
+        "the port imports gpulayer.callbacks, which is not installed here: pip install gpulayer-callbacks"
+    )
+    theirs = _failed_importing("Lightning", "pytorch_lightning")
+    assert not_installed((theirs, ours)) == (
+        "the original imports pytorch_lightning, which is not installed here: pip install 'lightning==2.6.*'"
+    )
+    assert not_installed((finished, _failed_importing("GPUlayer", "torchvision"))) is None  # the script's own
 
 
 def _verify(tmp_path: Path, script: str, *options: str) -> tuple[int, str, str]:

@@ -110,9 +110,9 @@ def verify(
     except TimeoutError as late:
         return _refused(str(late))
     theirs, ours = runs
-    missing = (theirs.record or {}).get("error") or {}
-    if missing.get("missing_module") and missing["missing_module"].split(".")[0] in LIGHTNING:
-        return _refused(f"the original imports {missing['missing_module']}, which is not installed here")
+    missing = not_installed(runs)
+    if missing is not None:
+        return _refused(missing)
     for run in runs:
         print(_summary(run))
     if any(_failed(run) for run in runs):
@@ -126,6 +126,20 @@ def verify(
     print(f"compared: {_compared(theirs.record)}")
     print(comparison.verdict)
     return 1 if comparison.difference else 0
+
+
+def not_installed(runs: tuple[Run, Run]) -> str | None:
+    """Why the runs cannot be compared when one failed importing the framework it runs on: Lightning for the
+    original, a GPUlayer distribution the port imports (``gpulayer.callbacks`` is gpulayer-callbacks'); else None."""
+    for run in runs:
+        module = ((run.record or {}).get("error") or {}).get("missing_module") or ""
+        root, _, package = module.partition(".")
+        if run.framework == "Lightning" and root in LIGHTNING:
+            return f"the original imports {module}, which is not installed here: pip install 'lightning==2.6.*'"
+        if run.framework == "GPUlayer" and root == "gpulayer" and package:
+            distribution = f"gpulayer-{package.split('.')[0]}"
+            return f"the port imports {module}, which is not installed here: pip install {distribution}"
+    return None
 
 
 def copy_sources(sources: list[Path], out: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.core.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.core.model_hooks import DataHooks
 
@@ -129,6 +130,13 @@ def datamodule_base(datamodule: Any) -> type | None:
         if kind.__name__ == "LightningDataModule" and kind.__module__ in _LIGHTNING_DATAMODULE_MODULES:
             return kind
     return None
+
+
+def datamodule_overrides(datamodule: Any, name: str) -> bool:
+    """Whether ``datamodule`` (None: there is none) overrides the hook ``name`` of the class it builds on
+    (``datamodule_base``): the rule by which its hook wins over the Module's."""
+    base = datamodule_base(datamodule) if datamodule is not None else None
+    return base is not None and is_overridden(name, datamodule, base)
 
 
 def _size(loader: DataLoader) -> str:

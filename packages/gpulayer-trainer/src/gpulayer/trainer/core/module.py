@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.core.datamodule import datamodule_base
+from gpulayer.trainer.core.datamodule import datamodule_overrides
 from gpulayer.trainer.core.export import ExportMixin
-from gpulayer.trainer.core.hooks import _call_step, is_overridden
+from gpulayer.trainer.core.hooks import _call_step
 from gpulayer.trainer.core.hyperparameters import HyperparametersMixin
 from gpulayer.trainer.core.metric_logging import MetricLoggingMixin
 from gpulayer.trainer.core.model_hooks import DataHooks, ModelHooks
@@ -376,7 +376,7 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
         """A batch hook as a stage calls it: the DataModule's where it overrides it, else the module's, recorded as
         the running hook for ``self.log``."""
         datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None and is_overridden(name, datamodule, datamodule_base(datamodule)):
+        if datamodule_overrides(datamodule, name):
             return getattr(datamodule, name)(*args)
         return _call_step(self, self.__dict__, name, *args)
 

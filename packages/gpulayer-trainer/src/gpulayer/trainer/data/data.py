@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from gpulayer.trainer.core.datamodule import DataModule, datamodule_base
+from gpulayer.trainer.core.datamodule import DataModule, datamodule_overrides
 from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.data.loader_rebuild import capturing_init_arguments, is_shuffled
@@ -36,7 +36,7 @@ class DataSource:
         self.hook = hook
         if given is not None:
             self.owner: Any = None
-        elif datamodule is not None and is_overridden(hook, datamodule, datamodule_base(datamodule)):
+        elif datamodule_overrides(datamodule, hook):
             self.owner = datamodule
         elif is_overridden(hook, module, Module):
             self.owner = module

@@ -24,8 +24,8 @@ from gpulayer.trainer.checkpoint.checkpoint import (
     restore_training_state,
 )
 from gpulayer.trainer.core.callback import Callback, Checkpoint
-from gpulayer.trainer.core.datamodule import DataModule, datamodule_base
-from gpulayer.trainer.core.hooks import Hooks, is_overridden
+from gpulayer.trainer.core.datamodule import DataModule, datamodule_overrides
+from gpulayer.trainer.core.hooks import Hooks
 from gpulayer.trainer.core.hyperparameters import clean_namespace
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.data.data import shut_down_workers
@@ -270,7 +270,7 @@ def _prepare_data(trainer: Trainer, module: Module, datamodule: DataModule | Non
     """Lightning's rule: on each node's local rank 0 (``prepare_data_per_node=True``) or on global rank 0 only,
     while the other ranks wait (within the process group's timeout)."""
     preparing = [module] if "prepare_data" in hooks.overridden else []
-    if datamodule is not None and is_overridden("prepare_data", datamodule, datamodule_base(datamodule)):
+    if datamodule_overrides(datamodule, "prepare_data"):
         preparing.insert(0, datamodule)
     for owner in preparing:
         if (trainer.local_rank if owner.prepare_data_per_node else trainer.global_rank) != 0:

@@ -38,14 +38,11 @@ class BatchTransfer:
     def prepare(self, module: Module, datamodule: DataModule | None) -> None:
         """Decide, once per stage, whether batches move and whose hooks move them: each hook the DataModule
         overrides is the DataModule's (Lightning's ``_DataHookSelector``), the others the Module's."""
-        from gpulayer.trainer.core.datamodule import datamodule_base
+        from gpulayer.trainer.core.datamodule import datamodule_overrides
         from gpulayer.trainer.core.module import Module
 
         self._datamodule = datamodule
-        base = datamodule_base(datamodule)
-        self._from_datamodule = {
-            hook for hook in _TRANSFER_HOOKS if base is not None and is_overridden(hook, datamodule, base)
-        }
+        self._from_datamodule = {hook for hook in _TRANSFER_HOOKS if datamodule_overrides(datamodule, hook)}
         self._hooks_overridden = bool(self._from_datamodule) or any(
             is_overridden(hook, module, Module) for hook in _TRANSFER_HOOKS
         )

@@ -11,7 +11,6 @@ itself runs every script too, capped.
 """
 
 import ast
-import json
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ import torch
 from gpulayer.port import registry
 from gpulayer.port.comparison import compare_records, compare_values
 from gpulayer.port.files import port_paths
+from gpulayer.port.run_recorded import notebook_code
 from gpulayer.runtime.testing import run_command
 
 HERE = Path(__file__).resolve().parent
@@ -62,11 +62,7 @@ def ported(tmp_path_factory) -> Path:
 
 
 def _code(path: Path) -> str:
-    if path.suffix != ".ipynb":
-        return path.read_text()
-    cells = json.loads(path.read_text())["cells"]
-    code = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
-    return "\n".join(line for cell in code for line in cell.splitlines() if not line.startswith(("%", "!")))
+    return notebook_code(path) if path.suffix == ".ipynb" else path.read_text()
 
 
 class _AsPorted(ast.NodeTransformer):

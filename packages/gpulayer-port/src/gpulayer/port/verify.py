@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from gpulayer.port.comparison import compare_records
+from gpulayer.port.registry import LIGHTNING_ROOTS
 
 DEFAULT_STEPS = 32
 DEFAULT_TIMEOUT_S = 600.0
 SCRIPTS = (".py", ".ipynb")
-LIGHTNING = ("lightning", "pytorch_lightning")
 FRAMEWORKS = ("Lightning", "GPUlayer")
 _SKIPPED = ("__pycache__", ".ipynb_checkpoints", ".*")  # as gpulayer port leaves them out of a folder
 _TAIL_LINES = 12
@@ -82,7 +82,7 @@ def entry_point(sources: list[Path], script: Path | None) -> Entry:
 
 def lightning_version() -> str:
     """The installed Lightning's name and version; a ``VerifyInputError`` when neither distribution is there."""
-    for name in LIGHTNING:
+    for name in LIGHTNING_ROOTS:
         if importlib.util.find_spec(name) is not None:
             with contextlib.suppress(PackageNotFoundError):
                 return f"{name} {version(name)}"
@@ -134,7 +134,7 @@ def not_installed(runs: tuple[Run, Run]) -> str | None:
     for run in runs:
         module = ((run.record or {}).get("error") or {}).get("missing_module") or ""
         root, _, package = module.partition(".")
-        if run.framework == "Lightning" and root in LIGHTNING:
+        if run.framework == "Lightning" and root in LIGHTNING_ROOTS:
             return f"the original imports {module}, which is not installed here: pip install 'lightning==2.6.*'"
         if run.framework == "GPUlayer" and root == "gpulayer" and package:
             distribution = f"gpulayer-{package.split('.')[0]}"

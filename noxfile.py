@@ -42,6 +42,8 @@ TEST_REQUIREMENTS = {
         "mlflow>=2.8",
         "wandb>=0.17",
         "ray[tune]>=2.9",
+        "pytorch-forecasting>=1.4",  # a library's LightningModules (DeepAR, NBeats) fitted by GPUlayer's Trainer
+        *("transformers>=5.25", "peft>=0.21"),  # the porting corpus' ViT LoRA fine-tune (29_vit_lora_cli.py)
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
     "gpulayer-cli": ["lightning==2.6.*"],  # its differential tests run Lightning's LightningCLI

@@ -54,3 +54,9 @@ def test_the_guides_table_is_the_registry():
     text = GUIDE.read_text()
     shown = text.split("<!-- port: registry -->\n", 1)[1].split("\n\n", 1)[0] + "\n"
     assert shown == table(), f"the table in {GUIDE.name} should read:\n{table()}"
+
+
+def test_the_guide_lists_the_libraries_that_build_lightnings_trainer_themselves():
+    text = GUIDE.read_text()
+    shown = text.split("<!-- port: own trainer -->\n", 1)[1].split("\n", 1)[0]
+    assert shown == ", ".join(f"`{name}`" for name in registry.OWN_TRAINER_LIBRARIES) + "."

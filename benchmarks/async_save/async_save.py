@@ -4,7 +4,8 @@ without its ``AsyncCheckpointIO`` plugin.
 ``python async_save.py [--out DIR]`` trains, for each model size (25 M and 100 M parameters: a stack of square Linear
 layers under SGD with momentum, so a checkpoint holds the weights twice) and each way, one fit in a process of its
 own (so each way's peak memory is its own), on the CPU, with a ``ModelCheckpoint(every_n_train_steps=..., save_top_k=-1)``
-saving every ``--every`` steps. Per way it records:
+saving every ``--every`` steps (GPUlayer's ``save_last=True`` ways also save ``last.ckpt`` at each, the setting of
+most templates). Per way it records:
 
 - *held*: per save, the time the checkpoint callback's ``on_train_batch_end`` takes when it saves, i.e. how long
   training stops for the save (for GPUlayer's ``async_save``, the copy of the state and any wait for the previous
@@ -44,15 +45,21 @@ from importlib import metadata
 from pathlib import Path
 
 SIZES = {"25M": 6, "100M": 24}  # name -> layers of Linear(2048, 2048), each 4.2 M parameters with its bias
-WAYS = {  # name -> (trainer, how it saves); None trains without saves
-    "GPUlayer, no saves": ("gpulayer", None),
-    "GPUlayer": ("gpulayer", "sync"),
-    "GPUlayer, async_save=True": ("gpulayer", "async"),
-    "Lightning, no saves": ("lightning", None),
-    "Lightning": ("lightning", "sync"),
-    "Lightning, AsyncCheckpointIO": ("lightning", "async"),
+WAYS = {  # name -> (trainer, how it saves, save_last); None trains without saves
+    "GPUlayer, no saves": ("gpulayer", None, False),
+    "GPUlayer": ("gpulayer", "sync", False),
+    "GPUlayer, async_save=True": ("gpulayer", "async", False),
+    "GPUlayer, save_last=True": ("gpulayer", "sync", True),
+    "GPUlayer, async_save=True, save_last=True": ("gpulayer", "async", True),
+    "Lightning, no saves": ("lightning", None, False),
+    "Lightning": ("lightning", "sync", False),
+    "Lightning, AsyncCheckpointIO": ("lightning", "async", False),
 }
-ASYNC_OVER_SYNC = {"GPUlayer, async_save=True": "GPUlayer", "Lightning, AsyncCheckpointIO": "Lightning"}
+ASYNC_OVER_SYNC = {
+    "GPUlayer, async_save=True": "GPUlayer",
+    "GPUlayer, async_save=True, save_last=True": "GPUlayer, save_last=True",
+    "Lightning, AsyncCheckpointIO": "Lightning",
+}
 TARGET = 0.2  # issue 41: GPUlayer's asynchronous save holds training at most 0.2 x its synchronous save, at 100 M
 KIB_PER_MB = 1e6 / 1024
 
@@ -63,7 +70,7 @@ def run_way(way: str, width: int, layers: int, batch: int, every: int, saves: in
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    trainer_name, saving = WAYS[way]
+    trainer_name, saving, save_last = WAYS[way]
     if trainer_name == "gpulayer":
         import gpulayer.trainer as gl
         from gpulayer.callbacks import ModelCheckpoint
@@ -136,7 +143,8 @@ def run_way(way: str, width: int, layers: int, batch: int, every: int, saves: in
 
     callbacks = [Clock()]
     if saving is not None:
-        callbacks.append(TimedCheckpoint(dirpath=folder, filename="{step}", every_n_train_steps=every, save_top_k=-1))
+        saves_to = {"dirpath": folder, "filename": "{step}", "save_last": save_last}
+        callbacks.append(TimedCheckpoint(**saves_to, every_n_train_steps=every, save_top_k=-1))
     max_steps = every * (saves + 1) - 1  # the last save's write has all but one interval to go before the end
     data = TensorDataset(torch.randn(max_steps * batch, width, generator=torch.Generator().manual_seed(0)))
     trainer = Trainer(
@@ -205,7 +213,7 @@ def summarize(found: dict, saves: int) -> dict:
     """Per way: medians and spreads; each trainer's lost per save against its fit without saves."""
     ways = {}
     for name, run in found.items():
-        trainer_name, saving = WAYS[name]
+        trainer_name, saving, save_last = WAYS[name]
         quiet = [step["seconds"] for step in run["steps"][1:] if not step["writing"]]
         busy = [step["seconds"] for step in run["steps"] if step["writing"]]
         way = {
@@ -224,7 +232,8 @@ def summarize(found: dict, saves: int) -> dict:
         }
         if saving is not None:
             # Every save timed, and its file on disk whole (the weights and the momentum buffers, 4 bytes each).
-            assert len(run["saves"]) == len(run["checkpoint bytes"]) == saves, (name, run["checkpoint bytes"])
+            files = run["checkpoint bytes"]  # and last.ckpt, with save_last
+            assert len(run["saves"]) == saves == len(files) - save_last, (name, files)
             assert min(run["checkpoint bytes"].values()) >= 8 * run["parameters"], (name, run["checkpoint bytes"])
             held = [save["held"] for save in run["saves"]]
             placed = [save.get("in place") for save in run["saves"]]
@@ -357,6 +366,7 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=4, help="saves per way (default 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads for training (default 1)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--trainers", default="gpulayer,lightning", help="whose ways run: gpulayer[,lightning]")
     parser.add_argument("--quick", action="store_true", help="a tiny model and 2 saves: a smoke run of seconds")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before a way's process is killed")
     parser.add_argument("--out", type=Path, default=None, help="where the results go (default: a new temporary folder)")
@@ -379,6 +389,8 @@ def main() -> None:
     for name, least in (("width", 1), ("batch", 1), ("every", 2), ("saves", 2), ("threads", 1)):
         if getattr(args, name) < least:
             parser.error(f"--{name} {getattr(args, name)}: accepted values are {least} or more")
+    if not {"gpulayer"} <= set(args.trainers.split(",")) <= {"gpulayer", "lightning"}:
+        parser.error(f"--trainers {args.trainers}: accepted values are gpulayer and gpulayer,lightning")
     out = args.out or Path(tempfile.mkdtemp(prefix="async-save-"))
     out.mkdir(parents=True, exist_ok=True)
     result = {
@@ -393,7 +405,7 @@ def main() -> None:
         result["disk"] = _disk(Path(scratch))
         for size, layers in sizes.items():
             found = {}
-            for way in WAYS:
+            for way in (name for name, (trainer, *_) in WAYS.items() if trainer in args.trainers.split(",")):
                 print(f"{size}: {way}", flush=True)
                 found[way] = measure(way, args, layers, Path(scratch))
             ways = summarize(found, args.saves)

@@ -1,8 +1,11 @@
 """``async_save=True`` on one device: the checkpoint callbacks' files are written behind training, and nothing a user
 sees through the Trainer changes: the same files with the same contents, the same bookkeeping, the loggers told
-after each file is in place, ``ckpt_path="best"``; a write that fails fails ``fit`` and keeps the earlier files."""
+after each file is in place, ``ckpt_path="best"``; a write that fails fails ``fit`` and keeps the earlier files. With
+``save_last=True`` training does not wait for the top-k file before ``last.ckpt`` is queued behind it."""
 
 import os
+import sys
+import threading
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from gpulayer.callbacks import ModelCheckpoint
 from gpulayer.trainer import Callback, Logger, Module, SingleDeviceStrategy, Trainer
 from gpulayer.trainer.checkpoint import checkpoint_io
+from gpulayer.trainer.checkpoint.background_writes import BackgroundWrites
 
 
 class Net(Module):
@@ -154,6 +158,65 @@ def test_a_write_that_fails_fails_fit_and_keeps_the_earlier_checkpoints(tmp_path
         _fit(tmp_path, True, callbacks, save_top_k=-1, save_last="link", enable_version_counter=False)
     assert checkpoint_io.load(folder / "epoch=0-step=6.ckpt")["global_step"] == 6
     assert os.readlink(folder / "last.ckpt") == "epoch=0-step=6.ckpt"
+    assert not [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]
+
+
+class OpenTheGate(Callback):
+    """At step 3, a step after the first save: notes which of that event's files are being written and which are on
+    disk, then lets the writer go on."""
+
+    def __init__(self, gate):
+        self.gate, self.seen = gate, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 3:
+            writes, folder = trainer.strategy.background_writes, trainer.checkpoint_callback.dirpath
+            paths = [os.path.join(folder, name) for name in ("epoch=0-step=2.ckpt", "last.ckpt")]
+            self.seen = [(writes.is_being_written(path), os.path.exists(path)) for path in paths]
+            self.gate.set()
+
+
+def test_training_goes_on_while_the_file_before_last_is_written(tmp_path, monkeypatch):
+    """``save_last=True``: the first background write waits for a gate the test holds until the step after the
+    save; meanwhile the training thread never waits on a write (the first file, and ``last`` queued behind it, are
+    both in flight at that step), and ``last.ckpt``, written after its event's file, is whole and loads."""
+    gate, waits_while_held = threading.Event(), []
+    write, wait = checkpoint_io.save_atomic, BackgroundWrites.wait
+
+    def gated_write(checkpoint, path):
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(timeout=120), "nobody opened the gate"  # a guard against a hang, not a synchronisation
+        write(checkpoint, path)
+
+    def watched_wait(self):
+        if self._in_flight and not gate.is_set():  # the training thread would wait on the held write: noted, let go
+            waits_while_held.append(sys._getframe(1).f_code.co_name)
+            gate.set()
+        wait(self)
+
+    monkeypatch.setattr(checkpoint_io, "save_atomic", gated_write)
+    monkeypatch.setattr(BackgroundWrites, "wait", watched_wait)
+    release = OpenTheGate(gate)
+    trainer, checkpoint, _ = _fit(tmp_path, True, (release,), save_top_k=-1, save_last=True, every_n_train_steps=2)
+    assert waits_while_held == []
+    assert release.seen == [(True, False), (True, False)]  # both in flight, neither on disk yet
+    last = checkpoint_io.load(checkpoint.last_model_path)
+    assert last["global_step"] == 18
+    assert last["callbacks"][checkpoint.state_key]["last_model_path"] == checkpoint.last_model_path
+    loaded = Net.load_from_checkpoint(checkpoint.last_model_path)
+    assert torch.equal(loaded.layer.weight, trainer.lightning_module.layer.weight)
+    assert not [name for name in os.listdir(checkpoint.dirpath) if checkpoint_io.is_temporary(name)]
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["synchronous", "async_save"])
+def test_a_failed_write_is_not_followed_by_its_events_last_checkpoint(tmp_path, async_save):
+    """The second epoch's file cannot be written: ``last.ckpt`` queued behind it is not written either, and keeps
+    the first epoch's checkpoint, as a synchronous save (which stops at the failure) leaves it."""
+    folder = tmp_path / "checkpoints"
+    (folder / "epoch=1-step=12.ckpt").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match=r"epoch=1-step=12\.ckpt"), pytest.warns(UserWarning, match="not empty"):
+        _fit(tmp_path, async_save, save_top_k=-1, save_last=True, enable_version_counter=False)
+    assert checkpoint_io.load(folder / "last.ckpt")["global_step"] == 6
     assert not [name for name in os.listdir(folder) if checkpoint_io.is_temporary(name)]
 
 

@@ -85,6 +85,14 @@ class Numbers({datamodule}):
 
     def predict_dataloader(self):
         return DataLoader(self.data, batch_size=8)
+
+
+class SavedNumbers(Numbers):
+    """Random regression data that saves its hyperparameters."""
+
+    def __init__(self, batch_size: int = 4, samples: int = 24):
+        super().__init__(batch_size, samples)
+        self.save_hyperparameters()
 '''
 
 FRAMEWORKS = {

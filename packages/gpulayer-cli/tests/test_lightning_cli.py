@@ -3,6 +3,7 @@ config (class paths and the version header aside), the same trained weights, --p
 
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,13 @@ def _config(text):
             for name in GPULAYERS_OWN:
                 trainer.pop(name, None)
     return config
+
+
+def _hparams(path):
+    """A logger's hparams.yaml, without the instantiator's path (``gpulayer.cli`` or ``lightning.pytorch.cli``)."""
+    hparams = yaml.safe_load(path.read_text())
+    assert hparams.pop("_instantiator").endswith(".cli.instantiate_module")
+    return hparams
 
 
 def _weights(model):
@@ -321,3 +329,68 @@ def test_parser_kwargs_give_a_subcommand_its_default_config_file(project, base):
         built[framework] = (cli.trainer.current_epoch, cli.model.hparams.lr, _weights(cli.model))
     assert built["gpulayer"][:2] == built["lightning"][:2] == (1, 0.5)
     _same_weights(built["gpulayer"][2], built["lightning"][2])
+
+
+def test_subclass_mode_module_and_datamodule_both_record_their_class_path_without_a_clash(project, base):
+    """Both record ``_class_path`` in their hyperparameters: Lightning leaves it out of the clash check and out of what
+    the loggers get (lightning/pytorch/loggers/utilities.py, 2.6)."""
+    logged = {}
+    for framework in ("gpulayer", "lightning"):
+        args = ["fit", "--model", f"{framework}_project.DeepRegressor", "--model.hidden", "3"]
+        args += ["--data", f"{framework}_project.SavedNumbers", "--trainer.max_epochs", "1", "--trainer.logger", "true"]
+        cli = project(framework, args, subclass_mode_model=True, subclass_mode_data=True)
+        assert cli.model.hparams["_class_path"] == f"{framework}_project.DeepRegressor"
+        assert cli.datamodule.hparams["_class_path"] == f"{framework}_project.SavedNumbers"
+        logged[framework] = _hparams(base / framework / cli.trainer.log_dir / "hparams.yaml")
+    expected = {"width": 4, "lr": 0.05, "hidden": 3, "batch_size": 4, "samples": 24}
+    assert logged["gpulayer"] == logged["lightning"] == expected
+
+
+LIGHTNINGS_CLASSES = """trainer:
+  max_epochs: 2
+  logger:
+    class_path: lightning.pytorch.loggers.TensorBoardLogger
+    init_args: {save_dir: tb, name: run}
+  callbacks:
+    - class_path: lightning_built.BatchCounter
+      init_args: {start: 10}
+"""
+
+
+def _listing(folder):
+    """The files under ``folder``, TensorBoard's event files by their prefix (their names hold the host and time)."""
+    names = (str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+    return sorted(re.sub(r"events\.out\.tfevents\..*", "events.out.tfevents", name) for name in names)
+
+
+def test_a_config_naming_lightnings_logger_and_a_callback_built_on_lightnings_callback(project, base, monkeypatch):
+    """What GPUlayer's Trainer takes, a config may name: Lightning's TensorBoardLogger and a callback built on
+    Lightning's ``Callback`` (lightning_built.py) are built and used as under Lightning 2.6's LightningCLI."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    built = {}
+    for framework in ("gpulayer", "lightning"):
+        (base / framework / "parts.yaml").write_text(LIGHTNINGS_CLASSES)
+        cli = project(framework, ["fit", "--config", "base.yaml", "--config", "parts.yaml"])
+        (logger,), (counter,) = cli.trainer.loggers, [c for c in cli.trainer.callbacks if hasattr(c, "batches")]
+        assert type(logger).__module__ == "lightning.pytorch.loggers.tensorboard"
+        assert type(counter).__module__ == "lightning_built"
+        folder = base / framework / logger.log_dir
+        saved = _config((folder / "config.yaml").read_text())
+        built[framework] = (logger.log_dir, (counter.batches, counter.epochs), _listing(folder), saved)
+        built[framework] += (_hparams(folder / "hparams.yaml"), _weights(cli.model))
+    ours, theirs = built["gpulayer"], built["lightning"]
+    assert ours[:5] == theirs[:5]
+    assert ours[0] == "tb/run/version_0" and ours[1] == (18, 2) and "events.out.tfevents" in ours[2]
+    _same_weights(ours[5], theirs[5])
+
+
+def test_a_config_naming_a_callback_the_trainer_refuses_is_refused_at_parse_time(project, base, capsys):
+    """Lightning's own LearningRateMonitor is no GPUlayer callback (gpulayer.callbacks has one): refused by the parser,
+    naming the key, before anything is built."""
+    (base / "gpulayer" / "own.yaml").write_text(
+        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
+    )
+    with pytest.raises(SystemExit):
+        project("gpulayer", ["fit", "--config", "base.yaml", "--config", "own.yaml"])
+    errors = capsys.readouterr().err
+    assert "trainer.callbacks" in errors and "LearningRateMonitor" in errors

@@ -44,7 +44,13 @@ def _record(**changes) -> dict:
         "error": None,
     }
     weights = {"layer.weight": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}
-    record = {"calls": [call], "trainers_built": 1, "weights": weights, "optimizers": [], "error": None}
+    record = {
+        "calls": [call],
+        "trainers": ["lightning.pytorch.trainer.trainer.Trainer"],
+        "weights": weights,
+        "optimizers": [],
+        "error": None,
+    }
     for path, value in changes.items():  # "calls/0/rows/0/metrics/train_loss": a value deep inside
         *parents, last = path.split("/")
         inner = record
@@ -176,13 +182,15 @@ def test_without_lightning_verify_is_refused_saying_what_to_install(tmp_path, mo
 
 def _failed_importing(framework: str, module: str) -> Run:
     error = {"text": f"ModuleNotFoundError: No module named '{module}'", "missing_module": module}
-    return Run(framework, 1, {"calls": [], "trainers_built": 0, "error": error}, "")
+    return Run(framework, 1, {"calls": [], "trainers": [], "error": error}, "")
 
 
 def test_a_run_that_cannot_import_its_framework_names_what_to_install():
     """Lightning for the original; for the port, the GPUlayer distribution of the module it imports (gpulayer-port
     alone does not install gpulayer-callbacks, which a ported ModelCheckpoint needs)."""
-    finished = Run("Lightning", 0, {"calls": [], "trainers_built": 1, "error": None}, "")
+    finished = Run(
+        "Lightning", 0, {"calls": [], "trainers": ["lightning.pytorch.trainer.trainer.Trainer"], "error": None}, ""
+    )
     ours = _failed_importing("GPUlayer", "gpulayer.callbacks")
     assert not_installed((finished, ours)) == (
         "the port imports gpulayer.callbacks, which is not installed here: pip install gpulayer-callbacks"
@@ -194,14 +202,16 @@ def test_a_run_that_cannot_import_its_framework_names_what_to_install():
     assert not_installed((finished, _failed_importing("GPUlayer", "torchvision"))) is None  # the script's own
 
 
-def _verify(tmp_path: Path, script: str, *options: str) -> tuple[int, str, str]:
-    """``gpulayer port train.py --verify OPTIONS`` in ``tmp_path``, its temporary folders under ``tmp_path/tmp``,
-    which must be empty afterwards, with no process of the runs left."""
-    (tmp_path / "train.py").write_text(textwrap.dedent(script))
+def _verify(tmp_path: Path, script: str, *options: str, source: str = "train.py") -> tuple[int, str, str]:
+    """``gpulayer port SOURCE --verify OPTIONS`` run in ``tmp_path/project`` (holding the script as ``train.py``), its
+    temporary folders under ``tmp_path/tmp``, which must be empty afterwards, with no process of the runs left."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(textwrap.dedent(script))
     (tmp_path / "tmp").mkdir()
     environment = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
-    command = [sys.executable, "-m", "gpulayer.runtime", "port", "train.py", "--verify", *options]
-    finished = run_command(command, cwd=str(tmp_path), env=environment, timeout=COMMAND_TIMEOUT_S)
+    command = [sys.executable, "-m", "gpulayer.runtime", "port", source, "--verify", *options]
+    finished = run_command(command, cwd=str(project), env=environment, timeout=COMMAND_TIMEOUT_S)
     assert list((tmp_path / "tmp").iterdir()) == []
     assert _processes_naming(tmp_path / "tmp") == []
     return finished.returncode, finished.stdout, finished.stderr
@@ -227,6 +237,35 @@ def test_a_script_that_builds_no_trainer_is_refused_with_nothing_left(tmp_path):
     assert "gpulayer port --verify: train.py --lr 0.1 under lightning" in out
     assert "gpulayer port --verify: train.py built no Trainer under Lightning: nothing to compare" in err
     assert "Lightning: exit status 0: no Trainer call" in out
+
+
+def test_the_project_folder_one_runs_in_is_verified_as_dot(tmp_path):
+    """issue 48: ``gpulayer port . --verify --script train.py`` from inside the project: both copies laid out alike
+    (the script found in each), where ``.`` was once copied onto the run's folder (``FileExistsError``)."""
+    status, out, err = _verify(tmp_path, "print('ran')\n", "--script", "train.py", source=".")
+    assert status == 2, out + err
+    assert "gpulayer port --verify: train.py built no Trainer under Lightning: nothing to compare" in err
+    assert "Lightning: exit status 0: no Trainer call" in out and "GPUlayer: exit status 0: no Trainer call" in out
+
+
+def test_a_run_that_exits_with_a_status_shows_the_end_of_what_it_printed(tmp_path):
+    """issue 48: a run ended by ``SystemExit: 2`` (a command line's parse error, as LightningCLI's) shows the end of
+    its output, argparse's usage and error, above the exit, as a run's traceback is shown."""
+    script = "import argparse\nargparse.ArgumentParser(prog='train.py').parse_args()\n"
+    status, out, err = _verify(tmp_path, script, "--", "--epochs", "3")
+    assert status == 1, out + err
+    shown = [
+        "    usage: train.py [-h]",
+        "    train.py: error: unrecognized arguments: --epochs 3",
+        "    SystemExit: 2",
+    ]
+    for framework in ("Lightning", "GPUlayer"):
+        start = out.splitlines().index(f"{framework}: exit status 1: no Trainer call")
+        assert out.splitlines()[start + 1 : start + 4] == shown, out
+    assert (
+        out.splitlines()[-1]
+        == "failed: the Lightning run and the GPUlayer run did not finish (the end of its error above)"
+    )
 
 
 def test_runs_past_the_timeout_are_killed_and_refused_with_nothing_left(tmp_path):
@@ -310,4 +349,45 @@ def test_a_port_that_fails_is_reported_after_the_findings_with_its_error(tmp_pat
     assert (
         "profiler='simple'" in lines[-2]
         and lines[-1] == "failed: the GPUlayer run did not finish (the end of its error above)"
+    )
+
+
+LIBRARY = """\
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+
+class _Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit():
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(_Model(), DataLoader(torch.ones(8, 2), batch_size=2))
+"""
+
+
+@pytest.mark.porting
+def test_a_port_that_runs_lightnings_trainer_alone_is_not_ported_not_identical(tmp_path, monkeypatch):
+    """issue 48: a library that builds Lightning's Trainer itself (installed, outside the project) trains under
+    Lightning in both runs: the verdict says no GPUlayer Trainer ran, with exit status 3, not ``identical``."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "trains_itself.py").write_text(LIBRARY)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    status, out, err = _verify(tmp_path, "import trains_itself\n\ntrains_itself.fit()\n")
+    assert status == 3, out + err
+    assert "GPUlayer: exit status 0: fit (step 4, epoch 1)" in out
+    assert out.splitlines()[-1] == (
+        "not ported: no GPUlayer Trainer ran in the port (it built lightning.pytorch.trainer.trainer.Trainer alone): "
+        "both runs trained on Lightning, so they were not compared (a library that builds Lightning's Trainer "
+        "itself keeps the project on Lightning: the report above names it)"
     )

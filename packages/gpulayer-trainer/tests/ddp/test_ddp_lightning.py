@@ -21,11 +21,18 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_ddp_trains_exactly_as_lightning_ddp(tmp_path, scenario):
+@pytest.mark.parametrize(
+    ("scenario", "ours_on"),
+    [
+        *((scenario, "gpulayer") for scenario in SCENARIOS),
+        # The module on Lightning's class, as a library ships one, trained by GPUlayer's DDP (ADR 0031).
+        ("manual_two_optimizers", "gpulayer-lightning-module"),
+    ],
+)
+def test_ddp_trains_exactly_as_lightning_ddp(tmp_path, scenario, ours_on):
     options = SCENARIOS[scenario]
     theirs = train("lightning", tmp_path / "lightning", **options)
-    ours = train("gpulayer", tmp_path / "gpulayer", **options)
+    ours = train(ours_on, tmp_path / "gpulayer", **options)
     assert len(theirs) == len(ours) == 2
     for rank, (expected, actual) in enumerate(zip(theirs, ours, strict=True)):
         assert actual["world_size"] == expected["world_size"] == 2

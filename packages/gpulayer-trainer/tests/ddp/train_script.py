@@ -82,8 +82,11 @@ def _framework(name: str) -> SimpleNamespace:
     import gpulayer.trainer as gl
     from gpulayer.callbacks import EarlyStopping
 
+    if name == "gpulayer-lightning-module":  # GPUlayer's Trainer, the module on Lightning's class as a library's
+        import lightning.pytorch as pl
+
     return SimpleNamespace(
-        Module=gl.Module,
+        Module=pl.LightningModule if name == "gpulayer-lightning-module" else gl.Module,
         Trainer=gl.Trainer,
         seed=gl.seed_everything,
         EarlyStopping=EarlyStopping,

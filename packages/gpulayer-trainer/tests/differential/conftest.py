@@ -710,14 +710,16 @@ def gpulayer() -> Framework:
 
 @pytest.fixture
 def run(lightning: Framework, gpulayer: Framework, tmp_path: Path) -> Callable[..., Result]:
-    """``run("lightning" | "gpulayer" | "gpulayer, Lightning's callback" | "gpulayer, Lightning's DataModule",
-    **scenario) -> Result``; the last two are GPUlayer with the recording callback, or the scenario's data module, built
-    on Lightning's ``Callback`` or ``LightningDataModule``, as another library ships its callbacks and data modules."""
+    """``run("lightning" | "gpulayer" | "gpulayer, Lightning's callback" | "gpulayer, Lightning's DataModule" |
+    "gpulayer, Lightning's module", **scenario) -> Result``; the last three are GPUlayer with the recording callback, the
+    scenario's data module or its module built on Lightning's ``Callback``, ``LightningDataModule`` or
+    ``LightningModule``, as another library ships its callbacks, data modules and models."""
     frameworks = {
         "lightning": lightning,
         "gpulayer": gpulayer,
         "gpulayer, Lightning's callback": dataclasses.replace(gpulayer, Callback=lightning.Callback),
         "gpulayer, Lightning's DataModule": dataclasses.replace(gpulayer, DataModule=lightning.DataModule),
+        "gpulayer, Lightning's module": dataclasses.replace(gpulayer, Module=lightning.Module),
     }
     count = itertools.count()
 

@@ -1,25 +1,54 @@
 """``LightningArgumentParser``: jsonargparse's parser with Lightning's argument groups for GPUlayer's classes.
 
 The Trainer's group is the Trainer's declared arguments (``gpulayer.trainer.arguments.DECLARATIONS``, which
-``Trainer.__init__``'s signature repeats), each with its declaration's line of doc as its help.
+``Trainer.__init__``'s signature repeats), each with its declaration's line of doc as its help. Its ``logger`` and
+``callbacks`` take any class the Trainer takes, Lightning's loggers and callbacks built on Lightning's ``Callback``
+among them (a Lightning 2.6 config names those), not only GPUlayer's ``Logger`` and ``Callback``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import abc
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from jsonargparse import ArgumentParser, class_from_function
 
 import gpulayer.callbacks  # noqa: F401  (imported, its callbacks resolve by short name: --trainer.callbacks+=EarlyStopping)
-from gpulayer.trainer import Callback, DataModule, MisconfigurationException, Module, Trainer
+from gpulayer.trainer import Callback, DataModule, Logger, MisconfigurationException, Module, Trainer
 from gpulayer.trainer.arguments import DECLARATIONS
+from gpulayer.trainer.defaults import takes_callback_class
+from gpulayer.trainer.logging.logger import takes_logger_class
 
 LR_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 AUTOMATIC = "AUTOMATIC"  # an optimizer or scheduler group the CLI gives the module's configure_optimizers
 
 Group = tuple[type | tuple[type, ...], str]  # the class (or classes) of an optimizer/scheduler group, and its link
+
+
+class _TakenAsLogger(abc.ABC):  # noqa: B024 (a virtual base: its __subclasshook__ is all it has)
+    """Any class whose instances ``Trainer(logger=...)`` takes, for jsonargparse's ``class_path`` check."""
+
+    @classmethod
+    def __subclasshook__(cls, kind: type) -> bool:
+        return takes_logger_class(kind)
+
+
+class _TakenAsCallback(abc.ABC):  # noqa: B024 (as _TakenAsLogger)
+    """Any class whose instances ``Trainer(callbacks=...)`` takes, for jsonargparse's ``class_path`` check."""
+
+    @classmethod
+    def __subclasshook__(cls, kind: type) -> bool:
+        return takes_callback_class(kind)
+
+
+# GPUlayer's bases stay in the unions: jsonargparse resolves a short name (``EarlyStopping``) among their subclasses.
+_TRAINER_TYPES = {
+    "logger": bool | Logger | _TakenAsLogger | Iterable[Logger | _TakenAsLogger] | None,
+    "callbacks": Callback | _TakenAsCallback | list[Callback | _TakenAsCallback] | None,
+}
 
 
 class LightningArgumentParser(ArgumentParser):
@@ -63,10 +92,15 @@ class LightningArgumentParser(ArgumentParser):
         if subclass_mode:
             return self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required)
         trainer = issubclass(lightning_class, Trainer)
+        widened = _TRAINER_TYPES.keys() & inspect.signature(lightning_class).parameters.keys() if trainer else set()
         added = self.add_class_arguments(
-            lightning_class, nested_key, fail_untyped=False, instantiate=not trainer, sub_configs=True
+            lightning_class, nested_key, fail_untyped=False, instantiate=not trainer, sub_configs=True, skip=widened
         )
         if trainer:
+            for name in sorted(widened):
+                default = inspect.signature(lightning_class).parameters[name].default
+                self.add_argument(f"--{nested_key}.{name}", type=_TRAINER_TYPES[name], default=default)
+                added.append(f"{nested_key}.{name}")
             self.trainer_keys.append(nested_key)
             self._document_trainer_arguments(nested_key)
         return added

@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Rewrite Lightning's imports and names GPUlayer adopts to GPUlayer's, and report, as "
         "PATH:LINE:COL: NAME: what to do, each use of a name it does not adopt. Exit status: 0 nothing left to do "
         "by hand, 1 findings, 2 a file that cannot be parsed (not written). With --verify: 0 the two runs are "
-        "identical or close, 1 they differ or one failed, 2 input that cannot be verified.",
+        "identical or close, 1 they differ or one failed, 2 input that cannot be verified, 3 the port ran no GPUlayer "
+        "Trainer (a library builds Lightning's itself).",
     )
     parser.add_argument(
         "sources", nargs="+", type=Path, metavar="SOURCE", help=".py files, notebooks, YAML configs, folders"
@@ -136,7 +137,7 @@ def _print(report: Report, written: str, *, copied: bool = True) -> None:
         written += f", {_count(report.copied, 'other file')} copied"
     summary = f"{_count(report.ported, 'file')} ported, {written}, {_count(report.findings, 'finding')} to do by hand"
     if report.notes:
-        summary += f", {_count(report.notes, 'import')} known to work unchanged"
+        summary += f", {_count(report.notes, 'note')}"
     print(f"gpulayer port: {summary}{failed}", file=sys.stderr)
 
 

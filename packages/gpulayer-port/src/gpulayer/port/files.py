@@ -9,6 +9,8 @@ one namespace), with IPython's magics (``%time``, ``!pip``) kept aside and a ``%
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import shutil
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from pathlib import Path
 import libcst as cst
 import yaml
 
+from gpulayer.port import tensorboard_logger
 from gpulayer.port.configs import port_config
 from gpulayer.port.rewrite import Finding, Ported, port_code
 from gpulayer.trainer.private_files import make_folders, write_atomically
@@ -41,7 +44,7 @@ class PortInputError(ValueError):
 @dataclass
 class Report:
     findings: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: what to do
-    notes: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: an import that works as it is
+    notes: list[str] = field(default_factory=list)  # PATH:LINE:COL: NAME: no finding: what works, or was written
     failures: list[str] = field(default_factory=list)  # PATH: cannot be parsed: the parser's message
     ported: list[Path] = field(default_factory=list)  # the files read and ported
     written: list[Path] = field(default_factory=list)
@@ -65,25 +68,30 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
     neither, only report. Raises ``PortInputError`` before writing anything when an input cannot be used."""
     files, others = _collect(sources, out)
     report = Report()
-    default_loggers: list[tuple[Path, int | None, Finding]] = []  # Trainer calls with Lightning's default logger
-    tensorboard_uses: list[str] = []  # code that needs that default to be TensorBoard's, where it is
+    ported: list[tuple[_Source, str, str, _Found]] = []  # each file read: its text, its port, what was found
     for source in files:
         try:
             text = source.path.read_bytes().decode("utf-8")
-            if source.notebook is not None:
-                code, ported = _port_notebook(source.notebook, text)
-            else:
-                code, ported = _port_python(text, port_config if source.path.suffix in CONFIGS else port_code)
+            ported.append((source, text, *_port(source, text, "")))
         except (cst.ParserSyntaxError, yaml.YAMLError, UnicodeDecodeError) as unparsable:
             report.failures.append(f"{source.path}: cannot be parsed: {_one_line(unparsable)}")
-            continue
-        report.ported.append(source.path)
-        report.findings += [_where(source.path, cell, finding) for cell, finding in ported.findings]
-        report.notes += [_where(source.path, cell, note) for cell, note in ported.notes]
-        default_loggers += [(source.path, cell, call) for cell, call in ported.default_loggers]
-        tensorboard_uses += [
-            f"{_file(source.path, cell)}:{use.line} ({use.name})" for cell, use in ported.tensorboard_uses
+    uses = [
+        f"{_file(s.path, cell)}:{use.line} ({use.name})" for s, _, _, f in ported for cell, use in f.tensorboard_uses
+    ]
+    if uses and tensorboard_logger.installed():  # Lightning's default logger written where it can be
+        ported = [
+            (source, text, *_port(source, text, uses[0])) if found.default_loggers else (source, text, code, found)
+            for source, text, code, found in ported
         ]
+    for source, text, code, found in ported:
+        report.ported.append(source.path)
+        report.findings += [_where(source.path, cell, finding) for cell, finding in found.findings]
+        report.notes += [_where(source.path, cell, note) for cell, note in found.notes]
+        if uses:
+            note = _DEFAULT_LOGGER.format(use=uses[0])
+            report.findings += [
+                _where(source.path, cell, Finding(c.line, c.column, c.name, note)) for cell, c in found.default_loggers
+            ]
         target = out / source.relative if out is not None else source.path if in_place else None
         if target is not None and (out is not None or code != text):
             make_folders(str(target.parent))
@@ -95,12 +103,15 @@ def port_paths(sources: list[Path], *, out: Path | None = None, in_place: bool =
         make_folders(str(target.parent))
         shutil.copy2(path, target)
         report.copied.append(target)
-    if tensorboard_uses:
-        note = _DEFAULT_LOGGER.format(use=tensorboard_uses[0])
-        report.findings += [
-            _where(path, cell, Finding(c.line, c.column, c.name, note)) for path, cell, c in default_loggers
-        ]
     return report
+
+
+def _port(source: _Source, text: str, tensorboard: str) -> tuple[str, _Found]:
+    """One file's port (``tensorboard``: where the project relies on TensorBoard, or empty; ``rewrite.port_code``)."""
+    if source.notebook is not None:
+        return _port_notebook(source.notebook, text, tensorboard)
+    port = port_config if source.path.suffix in CONFIGS else port_code
+    return _port_python(text, functools.partial(port, tensorboard=tensorboard))
 
 
 def _collect(sources: list[Path], out: Path | None) -> tuple[list[_Source], list[tuple[Path, Path]]]:
@@ -181,9 +192,10 @@ def _found(ported: Ported, place: Callable[[Finding], tuple[int | None, Finding]
     )
 
 
-def _port_notebook(notebook: dict, text: str) -> tuple[str, _Found]:
+def _port_notebook(notebook: dict, text: str, tensorboard: str) -> tuple[str, _Found]:
     """The notebook with its code cells ported (``text`` itself when none changes); each finding with its cell's
     1-based number and its line in the cell."""
+    notebook = copy.deepcopy(notebook)  # its cells are replaced by their port, and a project may be ported twice
     cells = [
         (number, cell)
         for number, cell in enumerate(notebook["cells"], start=1)
@@ -191,7 +203,9 @@ def _port_notebook(notebook: dict, text: str) -> tuple[str, _Found]:
     ]
     codes = [_hide_magics(_text(cell)) for _, cell in cells]
     ends = ["" if code.endswith("\n") or not code else "\n" for code in codes]  # each cell on lines of its own
-    ported = port_code("".join(code + end + _CELL for code, end in zip(codes, ends, strict=True)))
+    ported = port_code(
+        "".join(code + end + _CELL for code, end in zip(codes, ends, strict=True)), tensorboard=tensorboard
+    )
     starts = [1]
     for code, end in zip(codes, ends, strict=True):
         starts.append(starts[-1] + (code + end).count("\n") + 1)

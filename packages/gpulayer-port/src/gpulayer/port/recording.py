@@ -35,7 +35,7 @@ class Recorder:
         self.folder = folder  # the working folder, where checkpoint files are looked for
         self.steps = steps  # None: the Trainers' arguments as the script gives them
         self.calls: list[dict[str, Any]] = []
-        self.trainers_built = 0
+        self.trainers: list[str] = []  # each Trainer built, by the class recorded (Lightning's or GPUlayer's)
         self.last_trainer: Any = None
         self._rows: list[dict[str, Any]] | None = None  # the running call's logged rows; None between calls
         self._module: Any = None  # the last call's module, and the last optimizers a call had
@@ -55,7 +55,7 @@ class Recorder:
         ended, when it raised."""
         return {
             "calls": self.calls,
-            "trainers_built": self.trainers_built,
+            "trainers": self.trainers,
             "weights": plain(self._module.state_dict()) if self._module is not None else {},
             "optimizers": [plain(optimizer.state_dict()) for optimizer in self._optimizers],
             "error": error,
@@ -66,13 +66,14 @@ class Recorder:
         if getattr(init, "_recorded", False):
             return
         signature = inspect.signature(init)
+        built = f"{trainer_class.__module__}.{trainer_class.__qualname__}"
 
         @functools.wraps(init)
         def __init__(trainer: Any, *args: Any, **kwargs: Any) -> None:
             if self.steps is not None:
                 args, kwargs = _capped(signature, self.steps, trainer, args, kwargs)
             init(trainer, *args, **kwargs)
-            self.trainers_built += 1
+            self.trainers.append(built)
             for index, logger in enumerate(trainer.loggers):
                 self._watch(logger, index)
 

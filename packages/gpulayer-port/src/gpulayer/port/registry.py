@@ -53,6 +53,22 @@ _CALLBACK = (
     "or keep Lightning's Trainer for it"
 )
 _HELPER = "a helper of Lightning's that needs neither its Trainer nor Fabric: the import stays and works"
+_TYPES = "a typing alias of Lightning's (annotations, no behaviour): the import stays and works"
+# Lightning 2.6's typing aliases and TypedDicts in lightning/pytorch/utilities/types.py (its LRSchedulerConfig, a
+# dataclass Lightning's loop reads, is not one of them)
+_TYPE_ALIASES = (
+    "STEP_OUTPUT",
+    "TRAIN_DATALOADERS",
+    "EVAL_DATALOADERS",
+    "OptimizerLRScheduler",
+    "OptimizerConfig",
+    "OptimizerLRSchedulerConfig",
+    "LRSchedulerConfigType",
+    "LRSchedulerTypeUnion",
+    "LRSchedulerTypeTuple",
+    "LRSchedulerType",
+    "LRSchedulerPLType",
+)
 _CLI = "pip install gpulayer-cli"
 _CLI_NAMES = (
     "LightningCLI",
@@ -85,6 +101,17 @@ REGISTRY: dict[str, Answer] = {
         "gpulayer.callbacks.ModelCheckpoint", "local paths only; values Lightning fails on later are refused at once"
     ),
     "lightning.pytorch.callbacks.LearningRateMonitor": _adopted("gpulayer.callbacks.LearningRateMonitor"),
+    "lightning.pytorch.callbacks.Timer": _different(
+        "gpulayer.callbacks.Timer", "on several ranks a stop is agreed at the next sync point, not the next step"
+    ),
+    "lightning.pytorch.callbacks.LambdaCallback": _adopted("gpulayer.callbacks.LambdaCallback"),
+    "lightning.pytorch.callbacks.BasePredictionWriter": _adopted("gpulayer.callbacks.BasePredictionWriter"),
+    "lightning.pytorch.callbacks.OnExceptionCheckpoint": _different(
+        "gpulayer.callbacks.OnExceptionCheckpoint", "values Lightning fails on later are refused at once"
+    ),
+    "lightning.pytorch.callbacks.GradientAccumulationScheduler": _adopted(
+        "gpulayer.callbacks.GradientAccumulationScheduler"
+    ),
     "lightning.pytorch.loggers.CSVLogger": _different(
         "gpulayer.trainer.CSVLogger", "rows are written at the log points and epoch ends"
     ),
@@ -164,6 +191,7 @@ REGISTRY: dict[str, Answer] = {
     "lightning.fabric.utilities.move_data_to_device": Answer(WORKS, _HELPER),
     "lightning.fabric.utilities.measure_flops": Answer(WORKS, _HELPER),
     "lightning.fabric.utilities.apply_func.convert_tensors_to_scalars": Answer(WORKS, _HELPER),
+    **{f"lightning.pytorch.utilities.types.{name}": Answer(WORKS, _TYPES) for name in _TYPE_ALIASES},
     "lightning.fabric.": Answer(NOT_ADOPTED, f"GPUlayer has no Fabric; {_LAUNCH}"),
     "lightning.": Answer(NOT_ADOPTED, "GPUlayer has no equivalent; see docs/porting-from-lightning.md"),
 }
@@ -182,6 +210,26 @@ _RAY_TRAIN = (
     "gpulayer launch or torchrun"
 )
 
+_LIBRARY_MODELS = (
+    "works as it is: its models are built on Lightning's LightningModule, which GPUlayer's Trainer takes as they are "
+    "(ADR 0031), and a test fits its NBeats and DeepAR under both trainers (the same weights, metrics, checkpoint and "
+    "predictions)"
+)
+
+# Libraries that build Lightning's Trainer inside themselves (a model's or an engine's fit): the user's script has no
+# Trainer to rewrite, so what they train stays on Lightning. By the import path of their Lightning part.
+OWN_TRAINER_LIBRARIES = (
+    "pytorch_tabular",  # TabularModel.fit
+    "darts",  # the torch models' fit (TorchForecastingModel)
+    "neuralforecast",  # NeuralForecast.fit, each model's fit
+    "anomalib.engine",  # Engine (its models are LightningModules a Trainer of the script may fit)
+    "scvi",  # scvi-tools' models' train (scvi.train.Trainer, a subclass of Lightning's)
+    "gluonts.torch",  # PyTorchLightningEstimator.train
+    "autogluon.multimodal",  # MultiModalPredictor.fit
+    "autogluon.timeseries",  # TimeSeriesPredictor.fit, through GluonTS's torch models
+)
+OWN_TRAINER = "builds Lightning's Trainer inside the library: this project stays on Lightning"
+
 # Other libraries' Lightning integrations, by their public path, answered as Lightning's names are; a path ending in
 # "." answers for every name below it. An integration that works is reported as such, and is no finding.
 INTEGRATIONS: dict[str, Answer] = {
@@ -190,6 +238,8 @@ INTEGRATIONS: dict[str, Answer] = {
     "optuna.integration.PyTorchLightningPruningCallback": Answer(KEPT, _OPTUNA),
     "ray.tune.integration.pytorch_lightning.": Answer(KEPT, _RAY_TUNE),
     "ray.train.lightning.": Answer(NOT_ADOPTED, _RAY_TRAIN),
+    "pytorch_forecasting.": Answer(WORKS, _LIBRARY_MODELS),
+    **{f"{library}.": Answer(NOT_ADOPTED, OWN_TRAINER) for library in OWN_TRAINER_LIBRARIES},
 }
 
 # Other public paths of the same objects that a name's own path above does not lead to (``_package_level``): the
@@ -214,6 +264,7 @@ _SAME = {
     "lightning.pytorch.utilities.move_data_to_device": "lightning.fabric.utilities.move_data_to_device",
     "lightning.pytorch.utilities.measure_flops": "lightning.fabric.utilities.measure_flops",
     "lightning.pytorch.plugins.AsyncCheckpointIO": ASYNC_CHECKPOINT_IO,
+    "lightning.pytorch.loggers.tensorboard.TensorBoardLogger": "lightning.pytorch.loggers.TensorBoardLogger",
 }
 LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
 
@@ -271,6 +322,11 @@ def integration(dotted: str) -> Answer | None:
         (INTEGRATIONS[m] for end in range(len(parts), 0, -1) if (m := ".".join(parts[:end]) + ".") in INTEGRATIONS),
         None,
     )
+
+
+def own_trainer_library(dotted: str) -> str | None:
+    """The library of ``OWN_TRAINER_LIBRARIES`` a name is imported from, or None."""
+    return next((library for library in OWN_TRAINER_LIBRARIES if f"{dotted}.".startswith(f"{library}.")), None)
 
 
 def renames() -> dict[str, str]:

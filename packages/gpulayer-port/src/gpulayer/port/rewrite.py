@@ -23,7 +23,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
-from gpulayer.port import async_checkpoint_io, registry
+from gpulayer.port import async_checkpoint_io, registry, tensorboard_logger
 from gpulayer.port.apply import MARK, Apply, Statement
 
 _TRAINER = "lightning.pytorch.Trainer"
@@ -48,21 +48,24 @@ class Ported:
     code: str
     findings: list[Finding]
     # Lightning's Trainer built with its default logger (no ``logger=``, or True/None), and code that needs that
-    # default to be a TensorBoardLogger: across a project, each such Trainer call gets a finding (``files.py``).
+    # default to be a TensorBoardLogger: across a project, each such Trainer call gets Lightning's logger written
+    # (``tensorboard_logger``) or a finding (``files.py``).
     default_loggers: list[Finding] = field(default_factory=list)
     tensorboard_uses: list[Finding] = field(default_factory=list)
     # Imports that work as they are, other libraries' Lightning integrations (``registry.INTEGRATIONS``) and Lightning's
-    # helpers (``registry.WORKS``): no finding.
+    # helpers (``registry.WORKS``), what the port wrote beyond names, values it cannot judge: no finding.
     notes: list[Finding] = field(default_factory=list)
 
 
 _Reported = tuple[cst.CSTNode, str, str]  # a use of a name the port reports: (the use, its name, what to do)
 
 
-def port_code(code: str) -> Ported:
-    """``code`` ported; raises ``libcst.ParserSyntaxError`` when it is not Python."""
+def port_code(code: str, *, tensorboard: str = "") -> Ported:
+    """``code`` ported; raises ``libcst.ParserSyntaxError`` when it is not Python. ``tensorboard``: where the
+    project relies on TensorBoard (``PATH:LINE (code)``), for a Trainer on Lightning's default logger to get it
+    written; empty, such a Trainer is listed in ``default_loggers``."""
     wrapper = MetadataWrapper(cst.parse_module(code))
-    plan = _Plan(wrapper)
+    plan = _Plan(wrapper, tensorboard)
     plan.run()
     module = wrapper.module.visit(Apply(plan.replacements, plan.edits, plan.statements))
     return Ported(module.code, sorted(plan.findings), plan.default_loggers, plan.tensorboard_uses, sorted(plan.notes))
@@ -71,8 +74,9 @@ def port_code(code: str) -> Ported:
 class _Plan:
     """Reads the tree once and decides every change: node replacements, import statements, findings."""
 
-    def __init__(self, wrapper: MetadataWrapper) -> None:
+    def __init__(self, wrapper: MetadataWrapper, tensorboard: str) -> None:
         self.module = wrapper.module
+        self.tensorboard = tensorboard
         self.scopes = wrapper.resolve(ScopeProvider)
         self.parents = wrapper.resolve(ParentNodeProvider)
         self.positions = wrapper.resolve(PositionProvider)
@@ -119,7 +123,7 @@ class _Plan:
         self.tensorboard_uses = sorted(
             self._finding(node, self.module.code_for_node(node), "")
             for node in self.parents
-            if _needs_tensorboard(node)
+            if tensorboard_logger.needs_tensorboard(node)
         )
 
     def _from_binding(self, node: cst.ImportFrom, alias: cst.ImportAlias, dotted: str) -> None:
@@ -129,6 +133,7 @@ class _Plan:
         answer = registry.answer(dotted)
         name = get_full_name_for_node(alias.name) or ""
         bound = alias.evaluated_alias or name
+        self.homes[node, bound] = registry.public_path(dotted)
         references = self._references(node, bound)
         self.resolved.update(dict.fromkeys(references, (registry.public_path(dotted), node)))
         if answer.reported:
@@ -170,9 +175,14 @@ class _Plan:
         self.homes[node, bound] = dotted
 
     def _integration(self, node: cst.CSTNode, alias: cst.ImportAlias, dotted: str, name: str) -> None:
-        """An import of another library's Lightning integration: reported, as a finding where it does not work."""
+        """An import of another library's Lightning integration: reported, as a finding where it does not work; a
+        library that builds Lightning's Trainer itself is named once for each import statement."""
         answer = registry.integration(dotted)
-        if answer is not None and answer.reported:
+        library = registry.own_trainer_library(dotted)
+        if library is not None:
+            if not any(comment.startswith(f"{MARK}{library}: ") for comment in self.statements[node].comments):
+                self._report(alias, library, answer.note, node)
+        elif answer is not None and answer.reported:
             self._report(alias, name, answer.note, node)
         elif answer is not None:
             self.notes.append(self._finding(alias, name, answer.note))
@@ -245,7 +255,7 @@ class _Plan:
         if not judged:
             return
         if _default_logger(self.module, call):
-            self.default_loggers.append(self._finding(call, "Trainer", ""))
+            self._default_logger(call, statement)
         for argument in call.args:
             if argument.keyword is None:
                 continue
@@ -258,13 +268,26 @@ class _Plan:
             if why:
                 self.findings.append(self._finding(argument, "Trainer", why))
 
+    def _default_logger(self, call: cst.Call, statement: cst.CSTNode) -> None:
+        """Lightning's TensorBoardLogger written into ``call`` where the project relies on it and the class's name
+        can be bound at the call; else the call is listed, for a finding."""
+        bound = self._bind(call, statement, tensorboard_logger.CLASS) if self.tensorboard else None
+        if bound is None:
+            self.default_loggers.append(self._finding(call, "Trainer", ""))
+            return
+        written, edit = tensorboard_logger.in_call(self.module, call, bound)
+        earlier = self.edits.get(call)
+        self.edits[call] = edit if earlier is None else lambda updated: edit(earlier(updated))
+        note = f"{written} written: Lightning's default logger, which {self.tensorboard} relies on"
+        self.notes.append(self._finding(call, "Trainer", note))
+
     def _path(self, node: cst.CSTNode) -> str | None:
         """The public path of the Lightning or GPUlayer name ``node`` uses, or None."""
         return self.resolved[node][0] if node in self.resolved else None
 
     def _bind(self, call: cst.Call, statement: cst.CSTNode, home: str) -> str | None:
-        """The name to write GPUlayer's class ``home`` by at ``call``, imported with the Trainer where the name is free
-        there; None where the name means something else."""
+        """The name to write the class ``home`` (GPUlayer's, or Lightning's logger) by at ``call``, imported with the
+        Trainer where the name is free there; None where the name means something else."""
         module, name = home.rsplit(".", 1)
         scope = self.scopes[call]
         if name in scope:
@@ -300,18 +323,6 @@ def _default_logger(module: cst.Module, call: cst.Call) -> bool:
         return False
     logger = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "logger"), None)
     return logger is None or _value(module, logger) in (True, None)
-
-
-def _needs_tensorboard(node: cst.CSTNode) -> bool:
-    """Code that works only when the logger is a TensorBoardLogger: ``.experiment.add_*``, ``log_graph``, an
-    ``isinstance`` check against ``TensorBoardLogger``."""
-    if isinstance(node, cst.Attribute):
-        name = node.attr.value
-        through_experiment = isinstance(node.value, cst.Attribute) and node.value.attr.value == "experiment"
-        return (name.startswith("add_") and through_experiment) or name in ("log_graph", "_log_graph")
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "isinstance":
-        return len(node.args) == 2 and "TensorBoardLogger" in cst.Module([]).code_for_node(node.args[1].value)
-    return False
 
 
 def _value(module: cst.Module, node: cst.BaseExpression) -> object:

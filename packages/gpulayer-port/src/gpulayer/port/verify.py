@@ -98,7 +98,8 @@ def verify(
 ) -> int:
     """Run the original (copied under ``folder/lightning``) and its port (already under ``folder/gpulayer``),
     print what each did and the verdict; the exit status: 0 identical or close, 1 a difference or a failed run,
-    2 input that cannot be verified. ``lightning``: the installed Lightning, named in the heading."""
+    2 input that cannot be verified, 3 a port that ran Lightning's Trainer alone (``not ported``). ``lightning``: the
+    installed Lightning, named in the heading."""
     copy_sources(sources, folder / "lightning")
     command = " ".join(map(str, [entry.script, *args]))
     print(
@@ -119,9 +120,17 @@ def verify(
         failed = " and ".join(f"the {run.framework} run" for run in runs if _failed(run))
         print(f"failed: {failed} did not finish (the end of its error above)")
         return 1
-    if theirs.record["trainers_built"] == 0:
+    if not theirs.record["trainers"]:
         why = f"{entry.script} built no Trainer under Lightning: nothing to compare (name the script that trains)"
         return _refused(why)
+    built = ours.record["trainers"]
+    if built and not any(trainer.startswith("gpulayer.") for trainer in built):
+        print(
+            f"not ported: no GPUlayer Trainer ran in the port (it built {', '.join(sorted(set(built)))} alone): both runs trained on "
+            "Lightning, so they were not compared (a library that builds Lightning's Trainer itself keeps the "
+            "project on Lightning: the report above names it)"
+        )
+        return 3
     comparison = compare_records(theirs.record, ours.record)
     print(f"compared: {_compared(theirs.record)}")
     print(comparison.verdict)
@@ -146,8 +155,8 @@ def copy_sources(sources: list[Path], out: Path) -> None:
     """The sources under ``out`` as ``gpulayer port --out`` lays them out (each under its own name)."""
     out.mkdir(parents=True, exist_ok=True)
     for source in sources:
-        if source.is_dir():
-            shutil.copytree(source, out / source.name, ignore=shutil.ignore_patterns(*_SKIPPED))
+        if source.is_dir():  # "." (the project one runs in) has no name: its files go to ``out`` itself
+            shutil.copytree(source, out / source.name, ignore=shutil.ignore_patterns(*_SKIPPED), dirs_exist_ok=True)
         else:
             shutil.copy2(source, out / source.name)
 
@@ -222,6 +231,8 @@ def _summary(run: Run) -> str:
     if not _failed(run):
         return line
     error = run.record["error"]["text"] if run.record else f"no record saved; its output ends:\n{run.output}"
+    if error.startswith("SystemExit"):  # no traceback: why it exited is in what it printed (argparse's error)
+        error = f"{run.output}\n{error}"
     return line + "\n" + "\n".join("    " + text for text in _tail(error).splitlines())
 
 

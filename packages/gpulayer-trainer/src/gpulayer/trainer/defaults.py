@@ -3,18 +3,22 @@ every checkpoint callback moved last) and the CSV logger."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
-from gpulayer.trainer.core.callback import Callback, Checkpoint, callback_base
+from gpulayer.trainer.core.callback import Callback, Checkpoint, callback_base, callback_class_base
 from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.logging.csv_logger import CSVLogger
 from gpulayer.trainer.logging.logger import DummyLogger
+from gpulayer.trainer.logging.rank_zero import rank_zero_only
 from gpulayer.trainer.loops.timer import Timer
+
+log = logging.getLogger(__name__)
 
 
 def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
@@ -30,6 +34,10 @@ def default_callbacks(callbacks: list[Callback], args: Any) -> list[Callback]:
     if args.enable_checkpointing and not checkpoints:
         checkpoints = [_default_checkpoint()]
     timer = [Timer(args.max_time)] if args.max_time is not None else []
+    if timer and any(isinstance(c, Timer) for c in callbacks):
+        if rank_zero_only.rank == 0:  # Lightning's message, on rank 0 alone
+            log.info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+        timer = []
     external = _factory_callbacks()
     if external:
         check_state_keys(callbacks + external)
@@ -92,14 +100,14 @@ def callback_list(callbacks: Any) -> list[Callback]:
     ``Callback`` (called as Lightning calls them); Lightning's display-only callbacks dropped with a warning."""
     if callbacks is None:
         return []
-    many = [callbacks] if callback_base(callbacks) or _display_only(callbacks) else callbacks
+    many = [callbacks] if callback_base(callbacks) or _display_only(type(callbacks)) else callbacks
     many = list(many) if isinstance(many, Iterable) and not isinstance(many, (str, bytes)) else None
     if many is None:
         raise TypeError(f"callbacks={callbacks!r}: accepted values are None, a Callback, or a list of Callbacks")
     for index, callback in enumerate(many):
-        if not (callback_base(callback) or _display_only(callback)):
+        if not (callback_base(callback) or _display_only(type(callback))):
             raise TypeError(f"callbacks[{index}] is {_described(callback)}")
-    dropped = [type(callback).__name__ for callback in many if _display_only(callback)]
+    dropped = [type(callback).__name__ for callback in many if _display_only(type(callback))]
     if dropped:
         warnings.warn(
             f"callbacks: Lightning's {', '.join(dropped)} only display progress or a model summary; GPUlayer prints "
@@ -107,7 +115,13 @@ def callback_list(callbacks: Any) -> list[Callback]:
             UserWarning,
             stacklevel=3,
         )
-    return [callback for callback in many if not _display_only(callback)]
+    return [callback for callback in many if not _display_only(type(callback))]
+
+
+def takes_callback_class(kind: type) -> bool:
+    """Whether ``callbacks=`` takes an instance of the class ``kind`` (``callback_list``'s rule, asked of a class a
+    LightningCLI config names)."""
+    return callback_class_base(kind) is not None or _display_only(kind)
 
 
 # Lightning's callbacks that only display, and change nothing about training: accepted and dropped. Recognised by
@@ -116,8 +130,7 @@ _DISPLAY_ONLY = ("RichProgressBar", "TQDMProgressBar", "RichModelSummary", "Mode
 _LIGHTNING_CALLBACK_MODULES = ("lightning.pytorch.callbacks", "pytorch_lightning.callbacks")
 
 
-def _display_only(callback: Any) -> bool:
-    kind = type(callback)
+def _display_only(kind: type) -> bool:
     return kind.__name__ in _DISPLAY_ONLY and kind.__module__.startswith(_LIGHTNING_CALLBACK_MODULES)
 
 
@@ -126,6 +139,19 @@ _PROGRESS_BAR = (
     "GPUlayer prints one log line every log_every_n_steps steps (enable_progress_bar=False turns it off); remove the "
     "callback"
 )
+
+
+# Lightning's callbacks that GPUlayer has, by class name: what a ported script imports instead.
+_EQUIVALENTS = {
+    "EarlyStopping": "gpulayer.callbacks.EarlyStopping",
+    "ModelCheckpoint": "gpulayer.callbacks.ModelCheckpoint",
+    "LearningRateMonitor": "gpulayer.callbacks.LearningRateMonitor",
+    "Timer": "gpulayer.callbacks.Timer",
+    "LambdaCallback": "gpulayer.callbacks.LambdaCallback",
+    "GradientAccumulationScheduler": "gpulayer.callbacks.GradientAccumulationScheduler",
+    "BasePredictionWriter": "gpulayer.callbacks.BasePredictionWriter",
+    "OnExceptionCheckpoint": "gpulayer.callbacks.OnExceptionCheckpoint",
+}
 
 
 def _described(callback: Any) -> str:
@@ -138,16 +164,19 @@ def _described(callback: Any) -> str:
     if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
         if any(base.__name__ == "ProgressBar" for base in kind.__mro__):
             return f"Lightning's {kind.__qualname__} ({name}): {_PROGRESS_BAR}"
+        equivalent = _EQUIVALENTS.get(kind.__qualname__)
+        if equivalent is not None:
+            return f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: use {equivalent}"
         return (
-            f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer's EarlyStopping, "
-            "ModelCheckpoint and LearningRateMonitor come from gpulayer.callbacks, and your own callbacks subclass "
-            "gpulayer.trainer.Callback"
+            f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer has no counterpart "
+            "of it; write it as a gpulayer.trainer.Callback, or keep Lightning's Trainer for it"
         )
     built_on = next((k for k in kind.__mro__ if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning")), None)
     if built_on is not None:
+        instead = _EQUIVALENTS.get(built_on.__qualname__, "gpulayer.trainer.Callback")
         return (
             f"{name}, built on Lightning's {built_on.__qualname__}: GPUlayer takes other libraries' callbacks built "
-            "on Lightning's Callback itself, not on its other callbacks; build it on gpulayer.trainer.Callback (or "
-            "gpulayer.callbacks' counterpart), or keep Lightning's Trainer for it"
+            f"on Lightning's Callback itself, not on its other callbacks; build it on {instead}, or keep Lightning's "
+            "Trainer for it"
         )
     return f"{callback!r} ({name}), not a gpulayer.trainer.Callback: accepted are Callback instances"

@@ -20,6 +20,7 @@ from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.core.callback import Callback, Checkpoint
 from gpulayer.trainer.core.datamodule import DataModule, datamodule_base
 from gpulayer.trainer.core.hooks import Hooks
+from gpulayer.trainer.core.lightning_module import as_module
 from gpulayer.trainer.core.lightning_private import lightning_private
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.data.data import DataSource
@@ -160,16 +161,16 @@ class Trainer(TrainerProperties):
         if datamodule_base(train_dataloaders) is not None:
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
-        module = _check_module(model, "fit")
-        source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
-        if source.is_defined() is False:
-            raise MisconfiguredValueError(
-                "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
-            )
-        self._release_loaders()
-        self.fit_loop.attach(source)
-        self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
-        run_stage(self, "fit", module, datamodule, CheckpointRequest(ckpt_path, weights_only), self._parts)
+        with _as_module(model, "fit") as module:
+            source = DataSource(train_dataloaders, datamodule, module, "train_dataloader")
+            if source.is_defined() is False:
+                raise MisconfiguredValueError(
+                    "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
+                )
+            self._release_loaders()
+            self.fit_loop.attach(source)
+            self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
+            run_stage(self, "fit", module, datamodule, CheckpointRequest(ckpt_path, weights_only), self._parts)
 
     def validate(
         self,
@@ -208,11 +209,12 @@ class Trainer(TrainerProperties):
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
-        module, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
-        self._release_loaders()
-        self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
-        predictions = run_stage(self, "predict", module, datamodule, request, self._parts)
-        return predictions if return_predictions is not False else None
+        model, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
+        with _as_module(model, "predict") as module:
+            self._release_loaders()
+            self.predict_loop.attach(DataSource(dataloaders, datamodule, module, "predict_dataloader"))
+            self.predict_loop.return_predictions = return_predictions is not False
+            return run_stage(self, "predict", module, datamodule, request, self._parts)
 
     def _evaluate(
         self,
@@ -224,10 +226,11 @@ class Trainer(TrainerProperties):
         datamodule: DataModule | None,
         request: CheckpointRequest,
     ) -> list[dict[str, float]]:
-        module, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
-        self._release_loaders()
-        loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
-        results = run_stage(self, stage, module, datamodule, request, self._parts)
+        model, dataloaders, datamodule = self._eval_inputs(stage, model, dataloaders, datamodule)
+        with _as_module(model, stage) as module:
+            self._release_loaders()
+            loop.attach(DataSource(dataloaders, datamodule, module, f"{loop.prefix}_dataloader"))
+            results = run_stage(self, stage, module, datamodule, request, self._parts)
         floats = [{name: value.item() for name, value in logged.items()} for logged in results]
         if verbose and self.is_global_zero:
             _print_results(stage, floats)
@@ -241,9 +244,9 @@ class Trainer(TrainerProperties):
 
     def _eval_inputs(
         self, stage: str, model: Module | None, dataloaders: Any, datamodule: DataModule | None
-    ) -> tuple[Module, Any, DataModule | None]:
-        """The module, loaders and DataModule of an evaluation entry point: a DataModule passed as ``dataloaders``
-        (positionally too) is the DataModule, as in Lightning."""
+    ) -> tuple[Any, Any, DataModule | None]:
+        """The model, loaders and DataModule of an evaluation entry point: a DataModule passed as ``dataloaders``
+        (positionally too) is the DataModule, as in Lightning; without a model, the one the Trainer was given."""
         if datamodule_base(dataloaders) is not None:
             datamodule, dataloaders = dataloaders, None
         _check_sources(datamodule, dataloaders)
@@ -251,7 +254,7 @@ class Trainer(TrainerProperties):
             if self.lightning_module is None:
                 raise TypeError(f"{stage}: pass a model; this Trainer has not been given one before")
             model = self.lightning_module
-        return _check_module(model, stage), dataloaders, datamodule
+        return model, dataloaders, datamodule
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
         """Write the run's state to ``filepath`` (atomically; global rank 0 writes, the others return at once, so
@@ -349,7 +352,7 @@ class Trainer(TrainerProperties):
         loop.setup_data()
         if loop.max_batches == math.inf:
             return args.max_steps
-        steps = math.ceil(loop.max_batches / args.accumulate_grad_batches) * max(loop.max_epochs, 1)
+        steps = math.ceil(loop.max_batches / self.accumulate_grad_batches) * max(loop.max_epochs, 1)
         return min(steps, args.max_steps) if args.max_steps != -1 else steps
 
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -372,11 +375,17 @@ class Trainer(TrainerProperties):
         return self._parts.logger_rows.log_dir()
 
 
-def _check_module(model: Any, stage: str) -> Module:
-    model = uncompiled(model)
-    if not isinstance(model, Module):
-        raise TypeError(f"{stage}: model must be a gpulayer.trainer.Module, got {type(model).__name__}")
-    return model
+@contextlib.contextmanager
+def _as_module(model: Any, stage: str) -> Iterator[Module]:
+    """``model`` as the ``Module`` an entry point runs: uncompiled, and a library's LightningModule with GPUlayer's
+    class for the block (``core/lightning_module.py``)."""
+    with as_module(uncompiled(model)) as module:
+        if not isinstance(module, Module):
+            raise TypeError(
+                f"{stage}: model must be a gpulayer.trainer.Module (or another library's LightningModule), got "
+                f"{type(model).__name__}"
+            )
+        yield module
 
 
 def _check_sources(datamodule: DataModule | None, *loaders: Any) -> None:

@@ -2,17 +2,20 @@
 
 A save copies the checkpoint's tensors to host memory (pinned where they live on a GPU) and returns; a thread writes
 the copy with ``checkpoint_io.save_atomic``, so the file appears whole or not at all. The saves of one checkpoint
-event (a top-k file, then ``last``) share one staged copy: a tensor unchanged since it was staged is not copied
-again. A save that finds the state changed while a write is still in flight waits for that write first, so at most
-one staged copy exists. What must follow a file (the loggers' ``after_save_checkpoint``, removing the file it
-replaces, the ``last`` link) waits in order and runs on the training thread once the writes are in place
-(``finish``), never when one failed.
+event (the files saved at one global step: a top-k file, then ``last``) share one staged copy and return at once,
+the writes queued in order: a tensor whose storage was staged at its current version is not copied again (a
+``state_dict`` gives new tensor objects over the same storage at each call). A save at a later step, or one that
+finds a staged tensor changed, waits for the writes in flight first, so at most one staged copy exists. A file
+asked for after one that failed is not written (a ``last`` never holds an event whose file is missing). What must
+follow a file (the loggers' ``after_save_checkpoint``, removing the file it replaces, the ``last`` link) waits in
+order and runs on the training thread once the writes are in place (``finish``), never when one failed.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,20 +32,25 @@ class BackgroundWrites:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulayer-checkpoint-write")
         self._in_flight: list[tuple[str, Future[None]]] = []
         self._after_write: list[Callable[[], None]] = []
-        self._staged: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}  # id -> source, version, ptr, copy
+        # The staged event's tensors, by storage: key -> (source, kept so its storage is not reused; version; copy).
+        self._staged: dict[tuple[Any, ...], tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._step: int | None = None  # the global step of the staged checkpoint event
         self._error: BaseException | None = None  # the first failed write, until ``finish`` reports it
+        self._failed = threading.Event()  # set by the writer at a failure: later files are not written
 
-    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-        """Stage ``checkpoint`` and return; its file appears at ``path`` once written."""
+    def save(self, checkpoint: dict[str, Any], path: str | os.PathLike, step: int) -> None:
+        """Stage ``checkpoint``, saved at global step ``step``, and return; its file appears at ``path`` once the
+        files asked for before it are written."""
         tensors = _tensors(checkpoint)
-        if self._in_flight and not all(self._is_staged(tensor) for tensor in tensors):
+        if self._in_flight and (step != self._step or any(self._changed(tensor) for tensor in tensors)):
             self.wait()  # the state moved on: the earlier copy is written before a second one is made
+        self._step = step
         memo = {id(tensor): self._stage(tensor) for tensor in tensors}
         staged = copy.deepcopy(checkpoint, memo)  # containers and plain values too: training may change them
         copied = torch.cuda.Event() if any(tensor.is_cuda for tensor in tensors) else None
         if copied is not None:
             copied.record()
-        written = self._writer.submit(_write, staged, os.fspath(path), copied)
+        written = self._writer.submit(self._write, staged, os.fspath(path), copied)
         self._in_flight.append((os.path.abspath(path), written))
 
     def is_being_written(self, path: str | os.PathLike) -> bool:
@@ -67,6 +75,7 @@ class BackgroundWrites:
         one an earlier ``wait`` saw)."""
         self.wait()
         error, self._error = self._error, None
+        self._failed.clear()
         actions, self._after_write = self._after_write, []
         if error is None:
             for action in actions:
@@ -80,25 +89,39 @@ class BackgroundWrites:
         finally:
             self._writer.shutdown()
 
-    def _is_staged(self, tensor: torch.Tensor) -> bool:
-        found = self._staged.get(id(tensor))
-        return found is not None and found[0] is tensor and found[1:3] == (tensor._version, tensor.data_ptr())
+    def _changed(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage was staged at another version (changed in place since)."""
+        found = self._staged.get(_storage_key(tensor))
+        return found is not None and found[1] != tensor._version
 
     def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self._is_staged(tensor):
-            return self._staged[id(tensor)][3]
+        key = _storage_key(tensor)
+        found = self._staged.get(key)
+        if found is not None and found[1] == tensor._version:
+            return found[2]
         if tensor.is_cuda:  # pinned: the copy runs on the stream, and the writer waits for it (see save)
             staged = torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor.detach(), non_blocking=True)
         else:
             staged = tensor.detach().clone()
-        self._staged[id(tensor)] = (tensor, tensor._version, tensor.data_ptr(), staged)
+        self._staged[key] = (tensor, tensor._version, staged)
         return staged
 
+    def _write(self, checkpoint: dict[str, Any], path: str, copied: torch.cuda.Event | None) -> None:
+        """On the writer thread; nothing after a failed file until ``finish`` reported it."""
+        if self._failed.is_set():
+            return
+        if copied is not None:
+            copied.synchronize()
+        try:
+            checkpoint_io.save_atomic(checkpoint, path)
+        except BaseException:
+            self._failed.set()
+            raise
 
-def _write(checkpoint: dict[str, Any], path: str, copied: torch.cuda.Event | None) -> None:
-    if copied is not None:
-        copied.synchronize()
-    checkpoint_io.save_atomic(checkpoint, path)
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What a tensor views: the same for a parameter and each ``detach()`` of it (which share its version)."""
+    return tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride()
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

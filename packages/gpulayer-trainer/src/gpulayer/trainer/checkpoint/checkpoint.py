@@ -82,7 +82,7 @@ def save_behind_training(trainer: Trainer, filepath: str | os.PathLike, weights_
     if writes is None or trainer.strategy.saves_on_every_rank:
         trainer.save_checkpoint(filepath, weights_only)
     else:
-        writes.save(dump_checkpoint(trainer, weights_only=bool(weights_only)), filepath)
+        writes.save(dump_checkpoint(trainer, weights_only=bool(weights_only)), filepath, trainer.global_step)
 
 
 def _callback_states(callbacks: list[Any]) -> dict[str, Any]:
@@ -198,11 +198,12 @@ def set_rng_states(states: dict[str, Any]) -> None:
 def resolve_ckpt_path(
     trainer: Trainer, ckpt_path: str | os.PathLike | None, stage: str, model_given: bool
 ) -> str | None:
-    """Lightning's ``ckpt_path`` rules: a path, ``"last"`` (newest ``last*.ckpt`` of the checkpoint callbacks),
-    ``"best"`` (the first checkpoint callback's ``best_model_path``), ``"hpc"`` (the highest ``hpc_ckpt_N.ckpt`` in
-    ``default_root_dir``); an evaluation without a model uses "best". ``fit`` without one resumes by itself where
-    a job is continued: under Slurm from an hpc checkpoint (Lightning's rule), and in workers the elastic agent
-    restarted from the newest checkpoint there is (GPUlayer's)."""
+    """Lightning's ``ckpt_path`` rules: a path, ``"last"`` (newest ``last*.ckpt`` of the checkpoint callbacks, or
+    file of an ``OnExceptionCheckpoint``), ``"best"`` (the first checkpoint callback's ``best_model_path``),
+    ``"hpc"`` (the highest ``hpc_ckpt_N.ckpt`` in ``default_root_dir``); an evaluation without a model uses "best".
+    ``fit`` without one resumes by itself where a job is continued: under Slurm from an hpc checkpoint (Lightning's
+    rule), in workers the elastic agent restarted from the newest checkpoint there is (GPUlayer's), and with an
+    ``OnExceptionCheckpoint`` from "last" (Lightning's rule)."""
     if ckpt_path is None and stage == "fit":
         ckpt_path = _automatic_resume(trainer)
     if ckpt_path == "hpc":
@@ -239,14 +240,25 @@ def resolve_ckpt_path(
             if cb.dirpath and os.path.isdir(cb.dirpath)
             for name in os.listdir(cb.dirpath)
             if name.startswith("last") and name.endswith(".ckpt")
-        ]
+        ] + [cb.ckpt_path for cb in _on_exception_checkpoints(trainer) if os.path.exists(cb.ckpt_path)]
         if not candidates:
             warnings.warn(
-                f'{stage}(ckpt_path="last"): no last*.ckpt found; starting from scratch', UserWarning, stacklevel=4
+                f'{stage}(ckpt_path="last"): no last*.ckpt found, nor an OnExceptionCheckpoint file; starting from '
+                "scratch",
+                UserWarning,
+                stacklevel=4,
             )
             return None
         return max(candidates, key=os.path.getmtime)
     return None if ckpt_path is None else os.fspath(ckpt_path)
+
+
+def _on_exception_checkpoints(trainer: Trainer) -> list[Any]:
+    """The ``gpulayer.callbacks.OnExceptionCheckpoint`` callbacks (none before that package is imported)."""
+    callbacks = sys.modules.get("gpulayer.callbacks")
+    if callbacks is None:
+        return []
+    return [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, callbacks.OnExceptionCheckpoint)]
 
 
 def _automatic_resume(trainer: Trainer) -> str | None:
@@ -264,6 +276,14 @@ def _automatic_resume(trainer: Trainer) -> str | None:
             UserWarning,
             stacklevel=5,
         )
+    if _on_exception_checkpoints(trainer):
+        warnings.warn(
+            "fit: no ckpt_path given with an OnExceptionCheckpoint among the callbacks: ckpt_path='last' is used "
+            "(the newest of its file and the last*.ckpt files), as in Lightning; pass a ckpt_path to choose",
+            UserWarning,
+            stacklevel=5,
+        )
+        return "last"
     return None
 
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpulayer.trainer.core.lightning_classes import lightning_modules
+
 if TYPE_CHECKING:
     from gpulayer.trainer.core.module import Module
     from gpulayer.trainer.trainer import Trainer
@@ -210,17 +212,24 @@ class Checkpoint(Callback):
     best_model_path: str = ""
 
 
-# Lightning's Callback, recognised by its name and module so that the trainer never imports Lightning.
-_LIGHTNING_CALLBACK_MODULES = ("lightning.pytorch.callbacks.callback", "pytorch_lightning.callbacks.callback")
+# Lightning's Callback, recognised by its name and module.
+_LIGHTNING_CALLBACK_MODULES = lightning_modules("callbacks.callback")
 
 
 def callback_base(callback: Any) -> type | None:
     """The class ``callback``'s hooks override: GPUlayer's ``Callback``, or Lightning's for a callback another
     library built on it (Optuna's pruning callback, a research utility), whose classes between it and Lightning's
     ``Callback`` are all its own; None for anything else, Lightning's own callbacks among them."""
-    if isinstance(callback, Callback):
+    return Callback if isinstance(callback, Callback) else callback_class_base(type(callback))
+
+
+def callback_class_base(kind: type) -> type | None:
+    """``callback_base`` of an instance of the class ``kind``."""
+    if issubclass(kind, Callback):
         return Callback
-    for kind in type(callback).__mro__:
-        if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
-            return kind if kind.__name__ == "Callback" and kind.__module__ in _LIGHTNING_CALLBACK_MODULES else None
+    for parent in kind.__mro__:
+        if parent.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+            return (
+                parent if parent.__name__ == "Callback" and parent.__module__ in _LIGHTNING_CALLBACK_MODULES else None
+            )
     return None

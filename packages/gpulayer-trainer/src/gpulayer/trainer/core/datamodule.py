@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.core.hyperparameters import HyperparametersMixin
+from gpulayer.trainer.core.lightning_classes import lightning_class
 from gpulayer.trainer.core.model_hooks import DataHooks
 
 _LOADER_METHODS = (
@@ -116,20 +117,13 @@ class DataModule(DataHooks, HyperparametersMixin):
         return os.linesep.join(lines)
 
 
-# Lightning's LightningDataModule, recognised by its name and module so that the trainer never imports Lightning.
-_LIGHTNING_DATAMODULE_MODULES = ("lightning.pytorch.core.datamodule", "pytorch_lightning.core.datamodule")
-
-
 def datamodule_base(datamodule: Any) -> type | None:
     """The class ``datamodule``'s hooks override: GPUlayer's ``DataModule``, or Lightning's ``LightningDataModule`` for
     one another library built on it (PyTorch Geometric's ``LightningDataset``) or Lightning's ``from_datasets`` made,
     which the Trainer takes as it is; None for anything else."""
     if isinstance(datamodule, DataModule):
         return DataModule
-    for kind in type(datamodule).__mro__:
-        if kind.__name__ == "LightningDataModule" and kind.__module__ in _LIGHTNING_DATAMODULE_MODULES:
-            return kind
-    return None
+    return lightning_class(type(datamodule), "LightningDataModule", "core.datamodule")
 
 
 def datamodule_overrides(datamodule: Any, name: str) -> bool:

@@ -1,7 +1,8 @@
 """Calling hooks in Lightning's order: callbacks first (in ``trainer.callbacks`` order), then the module.
 
-Each call records the running hook's name on the module, which is how ``self.log`` knows where it is. Only
-callbacks that override a hook are called for it, so an unused hook costs nothing per step.
+Each call records the running hook's name on the module, which is how ``self.log`` knows where it is. Lightning 2.6
+calls every hook (``lightning/pytorch/trainer/call.py``); GPUlayer calls one only where it is ``is_called``, so an
+unused hook costs nothing per step.
 """
 
 from __future__ import annotations
@@ -36,25 +37,39 @@ _ASKED_BY_STAGES = frozenset(
 
 
 def is_overridden(name: str, instance: Any, base: type) -> bool:
-    """Whether ``instance``'s class defines ``name`` differently from ``base``, or the instance holds its own
-    (``DataModule.from_datasets`` sets its loader methods that way; Lightning counts those too). A hook set to None
-    on the instance is switched off; an object that passes for a ``base`` without deriving from it (a
-    ``Mock(spec=Callback)``) overrides every hook, as Lightning calls every hook. As Lightning's, it looks through a
-    ``functools.wraps`` wrapper (``__wrapped__``): a wrapper of ``base``'s own method is no override."""
+    """Lightning 2.6's ``is_overridden`` (``lightning/pytorch/utilities/model_helpers.py``): whether ``instance``'s
+    class, or the instance itself (``DataModule.from_datasets`` sets its loader methods that way), defines ``name``
+    differently from ``base``. It looks through a ``functools.wraps`` wrapper (``__wrapped__``): a wrapper of
+    ``base``'s own method is no override. The set-up checks and the choice of a hook's owner ask this."""
+    return _defines(name, instance, base, unwrap=True)
+
+
+def is_called(name: str, instance: Any, base: type) -> bool:
+    """Whether the Trainer calls the hook ``name``: its class defines one other than ``base``'s, or the instance holds
+    its own, a ``functools.wraps`` wrapper of ``base``'s included (tracing tools and Lightning's
+    ``tests_pytorch/models/test_hooks.py`` assign those, and Lightning calls them as it calls every hook)."""
+    return _defines(name, instance, base, unwrap=False)
+
+
+def _defines(name: str, instance: Any, base: type, unwrap: bool) -> bool:
+    """The rule of both: a hook set to None on the instance is switched off; an object that passes for a ``base``
+    without deriving from it (a ``Mock(spec=Callback)``) defines every hook, as Lightning calls every hook."""
     default = getattr(base, name, None)
     own = getattr(instance, "__dict__", {})
     if name in own:
         value = own[name]
-        return value is not None and _function(value) is not default
+        return value is not None and (not unwrap or _function(value, unwrap) is not default)
     if isinstance(instance, base) and not issubclass(type(instance), base):
         return True
     method = getattr(type(instance), name, None)
-    return method is not None and _function(method) is not default
+    return method is not None and _function(method, unwrap) is not default
 
 
-def _function(method: Any) -> Any:
-    """The function behind a method, unwrapped once from ``functools.wraps`` as Lightning's ``is_overridden`` does."""
-    method = getattr(method, "__wrapped__", method)
+def _function(method: Any, unwrap: bool) -> Any:
+    """The function behind a method; with ``unwrap``, unwrapped once from ``functools.wraps`` as Lightning's
+    ``is_overridden`` does."""
+    if unwrap:
+        method = getattr(method, "__wrapped__", method)
     return getattr(method, "__func__", method)
 
 
@@ -96,13 +111,14 @@ class Hooks:
         self._module = module
         self._callbacks = callbacks
         self._overriding = {
-            name: [cb for cb in callbacks if is_overridden(name, cb, callback_base(cb))] for name in CALLBACK_HOOKS
+            name: [cb for cb in callbacks if is_called(name, cb, callback_base(cb))] for name in CALLBACK_HOOKS
         }
-        # Which of its hooks and set-up methods the module overrides, asked once per attach.
-        asked = _DEFAULT_NOOPS | _DEFAULT_PASS_THROUGH | _ASKED_BY_STAGES
-        self.overridden = frozenset(name for name in asked if is_overridden(name, module, Module))
-        self._noops = _DEFAULT_NOOPS - self.overridden
-        self._pass_through = _DEFAULT_PASS_THROUGH - self.overridden
+        # Which set-up methods the module overrides (Lightning's rule), and which default hooks it calls, asked once.
+        self.overridden = frozenset(name for name in _ASKED_BY_STAGES if is_overridden(name, module, Module))
+        skippable = _DEFAULT_NOOPS | _DEFAULT_PASS_THROUGH
+        called = frozenset(name for name in skippable if is_called(name, module, Module))
+        self._noops = _DEFAULT_NOOPS - called
+        self._pass_through = _DEFAULT_PASS_THROUGH - called
         self._not_called = self._noops | self._pass_through | _set_to_none(module, Module)
         # The hook name is written to the instance dict directly: nn.Module.__setattr__ costs microseconds.
         self._module_state = module.__dict__

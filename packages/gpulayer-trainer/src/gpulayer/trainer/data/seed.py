@@ -80,9 +80,17 @@ def worker_init_function(worker_id: int, rank: int = 0) -> None:
 
 
 def _seed_sequence(base_seed: int, worker_id: int, rank: int, count: int) -> list[int]:
+    """Lightning 2.6's ``_generate_seed_sequence``: the (seed, worker, rank) word mixed by MurmurHash3's 64-bit
+    finalizer, then ``count`` steps of Knuth's linear congruential generator."""
+    mask = (1 << 64) - 1
     combined = (base_seed << 32) | (worker_id << 16) | rank
+    combined ^= combined >> 33
+    combined = (combined * 0xFF51AFD7ED558CCD) & mask
+    combined ^= combined >> 33
+    combined = (combined * 0xC4CEB9FE1A85EC53) & mask
+    combined ^= combined >> 33
     seeds = []
     for _ in range(count):
-        combined = (combined * 6364136223846793005 + 1) & ((1 << 64) - 1)
+        combined = (combined * 6364136223846793005 + 1) & mask
         seeds.append(combined)
     return seeds

@@ -160,6 +160,12 @@ _ACCEPTED = (
 )
 
 
+def takes_logger_class(kind: type) -> bool:
+    """Whether ``logger=`` takes an instance of the class ``kind``: the class has Lightning's logger interface (asked
+    of a class a LightningCLI config names)."""
+    return not _absent(kind)
+
+
 def _has_interface(candidate: Any) -> bool:
     return not isinstance(candidate, type) and not _absent(candidate)
 

@@ -25,6 +25,10 @@ from gpulayer.trainer.logging.rank_zero import rank_zero_only
 if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
 
+# The hyperparameter LightningCLI records a subclass's class path under (module and DataModule alike): Lightning 2.6
+# leaves it out of the clash check and out of what loggers get (lightning/pytorch/loggers/utilities.py).
+_CLI_CLASS_PATH = "_class_path"
+
 
 class LoggerRows:
     def __init__(self, trainer: Trainer) -> None:
@@ -97,7 +101,7 @@ class LoggerRows:
             clashes = {
                 k
                 for k in datamodule.hparams_initial
-                if k in (logged or {}) and logged[k] != datamodule.hparams_initial[k]
+                if k in (logged or {}) and k != _CLI_CLASS_PATH and logged[k] != datamodule.hparams_initial[k]
             }
             if clashes:
                 raise HyperparameterClashError(
@@ -105,6 +109,8 @@ class LoggerRows:
                     "rename one of them"
                 )
             logged = {**(logged or {}), **datamodule.hparams_initial}
+        if logged is not None:
+            logged.pop(_CLI_CLASS_PATH, None)
         for logger in trainer.loggers:
             if logged is not None:
                 logger.log_hyperparams(logged)

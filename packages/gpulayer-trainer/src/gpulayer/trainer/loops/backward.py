@@ -14,7 +14,7 @@ import torch
 
 from gpulayer.runtime import CollectiveError
 from gpulayer.runtime.collectives import is_transport_failure
-from gpulayer.trainer.core.hooks import is_overridden
+from gpulayer.trainer.core.hooks import is_called
 from gpulayer.trainer.core.module import Module
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Backward:
         # Under manual optimization a step may run several backward passes of one forward (a GAN's): DDP's reducer
         # is readied for each. Under automatic optimization DDP's forward readied it.
         self._prepare = strategy.prepare_manual_backward if manual else None
-        self._own_backward = is_overridden("backward", module, Module)
+        self._own_backward = is_called("backward", module, Module)
         # What backward's gradient collective is called when it fails (a peer that never entered it, a lost peer).
         self._gradient_sync = strategy.gradient_sync
         self._global_rank = strategy.global_rank

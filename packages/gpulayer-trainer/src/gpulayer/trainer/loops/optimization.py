@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpulayer.trainer.batch import map_tensors
-from gpulayer.trainer.core.hooks import is_overridden
+from gpulayer.trainer.core.hooks import is_called
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.loops.backward import Backward
@@ -47,7 +47,6 @@ class AutomaticOptimization:
     ) -> None:
         self.loop, self.hooks, self.args = loop, hooks, args
         self.optimizer = optimizers[0]
-        self._window = args.accumulate_grad_batches  # the loss is averaged over it; the cadence says where it starts
         self._warned_none = False
         self._step_arity = training_step_arity(module)
         # Under DDP the step runs inside DDP's forward (so its backward reduces gradients), and micro-batches
@@ -61,14 +60,14 @@ class AutomaticOptimization:
         self._stepper = self.optimizer if self._scaler is None else ScaledOptimizer(self.optimizer, self._scaler)
         self._step_context = None if precision.step_context is contextlib.nullcontext else precision.step_context
         # The default configure_gradient_clipping does nothing without a clip value: skip the call then.
-        self._clips = bool(args.gradient_clip_val) or is_overridden("configure_gradient_clipping", module, Module)
+        self._clips = bool(args.gradient_clip_val) or is_called("configure_gradient_clipping", module, Module)
         # Only an on_train_batch_end that runs at every batch reads the outputs (those that follow the cadence get
         # None): without one they are not built (a detach per step).
         self._returns_outputs = "on_train_batch_end" in hooks.every_batch
         # The step hooks a module does not override are their defaults, run directly: a hook call less each. An
         # optimizer_zero_grad set to None is skipped, as in Lightning: gradients then add up across steps.
         self._own_zero_grad, self._own_step = (
-            is_overridden(name, module, Module) for name in ("optimizer_zero_grad", "optimizer_step")
+            is_called(name, module, Module) for name in ("optimizer_zero_grad", "optimizer_step")
         )
         self._own_zero_grad = self._own_zero_grad or module.optimizer_zero_grad is None
 
@@ -90,7 +89,7 @@ class AutomaticOptimization:
                 with self._step_context():
                     output = self._training_step(*step_args)
             step_loss, extra = (output, {}) if isinstance(output, torch.Tensor) else self._split(output)
-            loss, window = step_loss, self._window
+            loss, window = step_loss, loop.cadence.window  # the loss is averaged over the accumulation window
             if loss is not None and window > 1:
                 loss = loss / window  # x / 1 == x: no division op when not accumulating
             if window == 1 or loop.cadence.starts_window(batch_idx):  # a window of 1 starts at every batch

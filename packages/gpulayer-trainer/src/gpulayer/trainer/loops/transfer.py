@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.trainer.core.hooks import Hooks, is_overridden
+from gpulayer.trainer.core.hooks import Hooks, is_called
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.datamodule import DataModule
@@ -44,7 +44,7 @@ class BatchTransfer:
         self._datamodule = datamodule
         self._from_datamodule = {hook for hook in _TRANSFER_HOOKS if datamodule_overrides(datamodule, hook)}
         self._hooks_overridden = bool(self._from_datamodule) or any(
-            is_overridden(hook, module, Module) for hook in _TRANSFER_HOOKS
+            is_called(hook, module, Module) for hook in _TRANSFER_HOOKS
         )
         self.moves = self.device.type != "cpu" or self.precision.converts_input or self._hooks_overridden
 

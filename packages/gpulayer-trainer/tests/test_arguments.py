@@ -258,10 +258,20 @@ def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):
         (lambda cb: cb.ProgressBar(), "callbacks[1] is Lightning's ProgressBar .*: GPUlayer prints one log line"),
         (
             lambda cb: cb.EarlyStopping(monitor="x"),
-            "callbacks[1] is Lightning's EarlyStopping .* from gpulayer.callbacks",
+            "callbacks[1] is Lightning's EarlyStopping .*: use gpulayer.callbacks.EarlyStopping",
+        ),
+        (lambda cb: cb.Timer(), "callbacks[1] is Lightning's Timer .*: use gpulayer.callbacks.Timer"),
+        (
+            lambda cb: cb.GradientAccumulationScheduler({1: 2}),
+            "callbacks[1] is Lightning's GradientAccumulationScheduler .*: use "
+            "gpulayer.callbacks.GradientAccumulationScheduler",
+        ),
+        (
+            lambda cb: cb.StochasticWeightAveraging(swa_lrs=0.1),
+            "callbacks[1] is Lightning's StochasticWeightAveraging .*: GPUlayer has no counterpart",
         ),
     ],
-    ids=["progress bar", "another callback"],
+    ids=["progress bar", "a callback GPUlayer has", "timer", "accumulation scheduler", "one GPUlayer lacks"],
 )
 def test_a_lightning_callback_is_named_alone_with_what_to_do_instead(tmp_path, made, named):
     callbacks = pytest.importorskip("lightning.pytorch.callbacks")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpulayer.trainer.defaults import callback_list
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.logging.logger import logger_list
+from gpulayer.trainer.loops.timer import DURATION
 from gpulayer.trainer.strategies.precision import resolve_precision
 from gpulayer.trainer.strategies.strategy_names import check_strategy
 
@@ -27,7 +28,6 @@ Check = Callable[[str, Any, Mapping[str, Any]], Any]
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 CLIP_ALGORITHMS = ("norm", "value")
-_MAX_TIME = re.compile(r"^(\d+):(\d{2}):(\d{2}):(\d{2})$")
 _REFUSED = object()  # a check's ``none``: None is refused as any other wrong value is
 
 
@@ -202,7 +202,8 @@ def _duration(name: str, value: Any, *, strict: bool) -> timedelta:
         except TypeError as error:
             raise MisconfiguredValueError(f"{name}={value!r}: {error}; accepted: {accepted}") from None
     if isinstance(value, str):
-        match = _MAX_TIME.match(value) if strict else re.match(r"^(\d+):(\d+):(\d+):(\d+)$", value)
+        # max_time: the Timer's rule (Lightning hands max_time to its Timer).
+        match = DURATION.fullmatch(value.strip()) if strict else re.match(r"^(\d+):(\d+):(\d+):(\d+)$", value)
         if match:
             days, hours, minutes, seconds = map(int, match.groups())
             return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)

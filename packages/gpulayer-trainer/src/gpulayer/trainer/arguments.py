@@ -86,7 +86,7 @@ class TrainerArguments:
     num_sanity_val_steps: int | float = _trainer_property(None, checks.sanity_steps, "Validation batches before fit")
     log_every_n_steps: int = _trainer_property(None, checks.at_least(0, none=50), "Log every this many train batches")
     enable_checkpointing: bool = _argument(None, checks.flag(none=True), "Add the default checkpoint if none is given")
-    accumulate_grad_batches: int = _trainer_property(1, checks.at_least(1), "Batches per optimizer step")
+    accumulate_grad_batches: int = _argument(1, checks.at_least(1), "Batches per optimizer step")
     gradient_clip_val: int | float | None = _trainer_property(
         None, checks.gradient_clip_val, "Clip gradients at this value (None or 0: no clipping)"
     )

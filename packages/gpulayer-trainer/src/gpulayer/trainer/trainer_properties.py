@@ -1,11 +1,13 @@
 """Lightning's read-only ``Trainer`` properties that look through to the Trainer's parts: the ranks and devices
-(runtime, strategy), the loops' limits, batch counts and loaders, and the running stage. ``Trainer`` inherits
+(runtime, strategy), the loops' limits, batch counts and loaders, and the running stage; and
+``accumulate_grad_batches``, which can also be set, as in Lightning. ``Trainer`` inherits
 them; the properties that only return an argument come from its declaration (``arguments.py``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpulayer.trainer.argument_checks import at_least
 from gpulayer.trainer.profiler import PassThroughProfiler
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerStatus
 from gpulayer.trainer.strategies.accelerators import accelerator_for
@@ -52,6 +54,16 @@ class TrainerProperties:
     def val_check_batch(self) -> int | float | None:
         """Training batches between validations, as the fit loop resolved them."""
         return self.fit_loop.val_check_batch
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step: the Trainer argument, or the value set since, as in Lightning (where
+        ``GradientAccumulationScheduler`` sets it as each epoch starts); it carries over to the next ``fit``."""
+        return self.fit_loop.cadence.window
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        self.fit_loop.cadence.set_window(at_least(1)("accumulate_grad_batches", value, {}))
 
     @property
     def num_training_batches(self) -> int | float:

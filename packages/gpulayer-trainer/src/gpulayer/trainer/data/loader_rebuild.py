@@ -24,6 +24,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
+from gpulayer.trainer.data.batch_indices import BatchIndices
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError, PossibleUserWarning
 
 _CALL = "_gpulayer_init_call"  # the outermost __init__'s arguments
@@ -70,10 +71,18 @@ def capturing_init_arguments() -> Iterator[None]:
                     setattr(cls, name, original)
 
 
-def rebuilt(loader: DataLoader, sampler: Sampler | Iterable, stage: str, is_global_zero: bool = True) -> DataLoader:
+def rebuilt(
+    loader: DataLoader,
+    sampler: Sampler | Iterable,
+    stage: str,
+    is_global_zero: bool = True,
+    record_indices: bool = False,
+) -> DataLoader:
     """``loader`` made again by its class with ``sampler`` (Lightning's ``_update_dataloader``); for predict a
-    batch sampler is made not to drop the last batch."""
+    batch sampler is made not to drop the last batch, and with ``record_indices`` it records each batch's indices."""
     args, kwargs = _init_arguments(loader, sampler, stage == "predict", is_global_zero)
+    if record_indices and kwargs.get("batch_sampler") is not None:
+        kwargs["batch_sampler"] = BatchIndices(kwargs["batch_sampler"])
     return _instantiated(loader, args, kwargs)
 
 

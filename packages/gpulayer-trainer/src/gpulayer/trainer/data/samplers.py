@@ -25,10 +25,12 @@ if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
 
 
-def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int, overfitting: bool = False) -> Any:
+def with_distributed_sampler(
+    loader: Any, stage: str, world_size: int, rank: int, overfitting: bool = False, record_indices: bool = False
+) -> Any:
     """``loader`` remade with this rank's sampler, under a distributed strategy (DDP on one process too, as in
     Lightning); unchanged when it needs none (an iterable dataset, a DistributedSampler already, or not a
-    DataLoader). Under ``overfit_batches`` nothing shuffles."""
+    DataLoader). Under ``overfit_batches`` nothing shuffles; ``record_indices``: see ``rebuilt``."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     if isinstance(loader.sampler, DistributedSampler):
@@ -41,23 +43,24 @@ def with_distributed_sampler(loader: Any, stage: str, world_size: int, rank: int
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     else:
         sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=shuffle, seed=seed, pad=True)
-    return rebuilt(loader, sampler, stage, is_global_zero=rank == 0)
+    return rebuilt(loader, sampler, stage, is_global_zero=rank == 0, record_indices=record_indices)
 
 
-def sampled(loader: Any, stage: str, trainer: Trainer, fitting: bool) -> Any:
+def sampled(loader: Any, stage: str, trainer: Trainer, fitting: bool, record_indices: bool = False) -> Any:
     """The loader a stage reads: in order under ``overfit_batches`` while fitting, and this rank's share under a
     distributed strategy with ``use_distributed_sampler`` (nothing shuffles under ``overfit_batches``). Every
     predict DataLoader is remade, with its own sampler if it needs no other, so that it keeps its last batch
-    (Lightning's ``_prepare_dataloader``)."""
+    (Lightning's ``_prepare_dataloader``), and records its batches' indices with ``record_indices``."""
     args = trainer.args
     overfitting = args.overfit_batches > 0
     if overfitting and fitting:
         loader = without_shuffling(loader, stage)
     given = loader
     if args.use_distributed_sampler and trainer.strategy.is_distributed:
-        loader = with_distributed_sampler(loader, stage, trainer.world_size, trainer.global_rank, overfitting)
+        rank = trainer.global_rank
+        loader = with_distributed_sampler(loader, stage, trainer.world_size, rank, overfitting, record_indices)
     if stage == "predict" and loader is given and isinstance(loader, DataLoader):
-        loader = rebuilt(loader, loader.sampler, stage, trainer.is_global_zero)
+        loader = rebuilt(loader, loader.sampler, stage, trainer.is_global_zero, record_indices)
     seed_workers_of(loader, trainer.global_rank)  # a remade loader has the worker_init_fn it was made with
     return loader
 

@@ -43,7 +43,6 @@ class CadenceRules:
 
     log_every_n_steps: int = 0
     fast_dev_run: bool = False  # every batch logs and syncs, its limits checked at each
-    accumulate_grad_batches: int = 1  # the accumulation window
     check_val_every_n_epoch: int | None = 1  # None: validation by count counts the run's batches, across epochs
     validation: bool = False  # the fit validates: a loop with data and a step, and batches to run
     val_check_seconds: float | None = None  # val_check_interval as a time
@@ -68,7 +67,6 @@ class CadenceRules:
         return cls(
             log_every_n_steps=args.log_every_n_steps,
             fast_dev_run=bool(args.fast_dev_run),
-            accumulate_grad_batches=args.accumulate_grad_batches,
             check_val_every_n_epoch=args.check_val_every_n_epoch,
             validation=validation,
             val_check_seconds=interval.total_seconds() if isinstance(interval, timedelta) else None,
@@ -90,10 +88,10 @@ class Cadence:
     ``logger_step``, ``steps_due``); GPUlayer's own callbacks add their triggers in ``on_train_start``
     (``every_n_steps``, ``before_log_steps``, ``clock``), so their batch hooks need not run at every batch."""
 
-    def __init__(self, rules: CadenceRules, progress: Progress) -> None:
+    def __init__(self, rules: CadenceRules, progress: Progress, window: int) -> None:
         self.rules, self._progress = rules, progress
-        self._window = rules.accumulate_grad_batches
-        self.accumulating = self._window > 1  # whether a batch can only accumulate (``accumulates``)
+        self.window = window  # the accumulation window: trainer.accumulate_grad_batches (``set_window``)
+        self.accumulating = self.window > 1  # whether a batch can only accumulate (``accumulates``)
         self._across_epochs = rules.check_val_every_n_epoch is None
         self.next_batch: int | float = 0  # the first batch_idx at which a rule can act
         self.log_at: int | float = math.inf  # batches_that_stepped + 1 at the next log step
@@ -122,6 +120,12 @@ class Cadence:
         if not self.rules.distributed:
             self._clocks.append(due)
 
+    def set_window(self, window: int) -> None:
+        """``trainer.accumulate_grad_batches = window``: the batches from the next one accumulate over ``window``
+        (read at each batch, as Lightning reads it), and the next batch plans again."""
+        self.window, self.accumulating = window, window > 1
+        self.next_batch = 0
+
     # ---- the rules, read by the loop and the callbacks ------------------------------------------------------
     @property
     def logger_step(self) -> int:
@@ -140,12 +144,12 @@ class Cadence:
 
     def accumulates(self) -> bool:
         """The batch being run only accumulates gradients: it ends neither its accumulation window nor the epoch."""
-        window = self._window
+        window = self.window
         return window > 1 and (self._progress.batch_idx + 1) % window != 0 and not self.epoch_ends()
 
     def starts_window(self, batch_idx: int) -> bool:
         """``batch_idx`` opens an accumulation window: its gradients are zeroed before its backward."""
-        return batch_idx % self._window == 0
+        return batch_idx % self.window == 0
 
     def is_log_step(self) -> bool:
         """The next batch that steps (this one, if it steps) is a log step by count: every ``log_every_n_steps``
@@ -215,7 +219,7 @@ class Cadence:
         return batch_idx + 1
 
     def _first_acting_batch(self, start: int) -> int | float:
-        progress, window = self._progress, self._window
+        progress, window = self._progress, self.window
         stepped = progress.batches_that_stepped
         window_end = start + (-(start + 1)) % window  # the first batch from start that can step
 

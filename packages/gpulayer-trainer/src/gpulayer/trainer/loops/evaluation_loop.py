@@ -15,6 +15,7 @@ import torch
 from gpulayer.trainer.batch import map_tensors
 from gpulayer.trainer.core.hooks import is_overridden
 from gpulayer.trainer.core.module import Module
+from gpulayer.trainer.data.batch_indices import BatchIndices
 from gpulayer.trainer.data.data import (
     DataSource,
     agreed_batches,
@@ -29,6 +30,7 @@ from gpulayer.trainer.data.data import (
 from gpulayer.trainer.data.samplers import sampled, set_sampler_epoch
 from gpulayer.trainer.logging.results import ResultCollection
 from gpulayer.trainer.loops.cadence import validates_in_epoch
+from gpulayer.trainer.states import LightningEnum
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.hooks import Hooks
@@ -38,6 +40,29 @@ if TYPE_CHECKING:
     from gpulayer.trainer.trainer import Trainer
 
 _NAMES = {"validate": "validation", "test": "test", "predict": "predict"}
+
+
+class WriteInterval(LightningEnum):
+    """When a prediction writer writes (Lightning's, ``lightning/pytorch/callbacks/prediction_writer.py``): its
+    ``interval`` tells the predict loop what to keep for it."""
+
+    BATCH = "batch"
+    EPOCH = "epoch"
+    BATCH_AND_EPOCH = "batch_and_epoch"
+
+    @property
+    def on_batch(self) -> bool:
+        return self in (WriteInterval.BATCH, WriteInterval.BATCH_AND_EPOCH)
+
+    @property
+    def on_epoch(self) -> bool:
+        return self in (WriteInterval.EPOCH, WriteInterval.BATCH_AND_EPOCH)
+
+
+def written_intervals(callbacks: list[Any]) -> tuple[bool, bool]:
+    """Whether a prediction writer among ``callbacks`` writes after each batch, and whether one at the epoch's end."""
+    intervals = [c.interval for c in callbacks if isinstance(getattr(c, "interval", None), WriteInterval)]
+    return any(i.on_batch for i in intervals), any(i.on_epoch for i in intervals)
 
 
 class EvaluationLoop:
@@ -65,6 +90,21 @@ class EvaluationLoop:
         self.logged_batches: list[int] = []
         self.loaded_at: float = -math.inf
         self.warned_none = False  # Lightning's predict loop warns of a None prediction once per Trainer
+        # Predict only, with the names of Lightning's _PredictionLoop, which prediction writers read. The outputs are
+        # kept when returned or written at the epoch's end; the batch indices only while a writer writes.
+        self.return_predictions = True
+        self._predictions: list[list[Any]] = []  # loaders x batches
+        self.epoch_batch_indices: list[list[list[int]]] = []  # loaders x batches x samples
+        self.current_batch_indices: list[int] = []
+        self._unknown_indices: set[str] = set()  # loader types warned of, once per Trainer as Lightning
+        self._writes, self._keeping = (False, False), True  # set by each predict run
+
+    @property
+    def predictions(self) -> list[Any]:
+        """The outputs kept so far: a list per batch, or one such list per loader when there are several."""
+        if len(self._predictions) == 1:
+            return self._predictions[0]
+        return self._predictions
 
     @property
     def limit(self) -> int | float:
@@ -101,7 +141,8 @@ class EvaluationLoop:
         loaders = as_loader_list(self.source.request(self.hooks, trainer.global_rank), self.prefix)
         for loader in loaders:
             warn_if_shuffled(loader, self.prefix, trainer.is_global_zero)
-        loaders = [sampled(loader, self.prefix, trainer, fitting) for loader in loaders]
+        recording = self.stage == "predict" and any(written_intervals(trainer.callbacks))
+        loaders = [sampled(loader, self.prefix, trainer, fitting, recording) for loader in loaders]
         counted_before = self.logged_batches if self.loaders is not None else []
         self.loaders = loaders
         counts = [num_batches(loader, self.limit, self.prefix) for loader in loaders]
@@ -130,31 +171,30 @@ class EvaluationLoop:
             hub.activate(self.results)
         hooks.both(f"on_{self.name}_start")
         hooks.both(f"on_{self.name}_epoch_start")
+        predicting = self.stage == "predict"
+        if predicting:
+            self._predict_start()
         outputs: list[Any] = []
         for loader_idx, (loader, count) in enumerate(zip(self.loaders, self._limits(), strict=True)):
             if count == 0:
                 continue
             idx = loader_idx if several else None
-            predictions: list[Any] = []
             set_sampler_epoch(loader, trainer.fit_loop.progress.epochs_processed)
+            recorder = self._recorder(loader) if predicting and any(self._writes) else None
             iterator = iter(loader)
-            if trainer.world_size > 1 and self.stage != "predict" and not has_length(loader):
+            if trainer.world_size > 1 and not predicting and not has_length(loader):
                 iterator = stop_together(iterator, trainer.runtime)
             for batch_idx, batch, _ in batches(iterator, count):
-                output = self._step(hooks, hub, self.transfer(batch, loader_idx), batch_idx, idx)
-                if self.stage == "predict":
-                    if output is None and not self.warned_none and trainer.is_global_zero:
-                        self.warned_none = True
-                        warnings.warn(
-                            "predict returned None if it was on purpose, ignore this warning...", stacklevel=2
-                        )
-                    predictions.append(map_tensors(output, lambda t: t.cpu()))
-            outputs.append(predictions if self.stage == "predict" else self._loader_end(hub))
-        if self.stage == "predict":
-            hooks.both("on_predict_epoch_end")
-            hooks.both("on_predict_end")
-            self._restore(modes)
-            return outputs if several else outputs[0]
+                batch = self.transfer(batch, loader_idx)
+                if recorder is not None:  # before the batch's hooks, as Lightning records them
+                    self._record(recorder.take(), loader_idx)
+                output = self._step(hooks, hub, batch, batch_idx, idx)
+                if predicting:
+                    self._predicted(output, loader_idx)
+            if not predicting:
+                outputs.append(self._loader_end(hub))
+        if predicting:
+            return self._predict_end(modes)
         hub.epoch_end_reached()
         self.results.dataloader_idx = None
         hooks.both(f"on_{self.name}_epoch_end")
@@ -184,6 +224,51 @@ class EvaluationLoop:
                 self.logger_rows.push(hub.flush(), step=self.logged_batches[loader_idx], save=False)
                 self.logged_batches[loader_idx] += 1
         return output
+
+    def _predict_start(self) -> None:
+        """What this predict run keeps: outputs when returned or written at the epoch's end, indices for writers."""
+        self._writes = written_intervals(self.trainer.callbacks)  # (after each batch, at the epoch's end)
+        self._keeping = self.return_predictions or self._writes[1]
+        self._predictions = [[] for _ in self.loaders]
+        self.epoch_batch_indices = [[] for _ in self.loaders]
+
+    def _record(self, indices: list[int], loader_idx: int) -> None:
+        on_batch, on_epoch = self._writes
+        if on_epoch:
+            self.epoch_batch_indices[loader_idx].append(indices)
+        if on_batch:
+            self.current_batch_indices = indices
+
+    def _predicted(self, output: Any, loader_idx: int) -> None:
+        if output is None and not self.warned_none and self.trainer.is_global_zero:
+            self.warned_none = True
+            warnings.warn("predict returned None if it was on purpose, ignore this warning...", stacklevel=3)
+        if self._keeping:
+            self._predictions[loader_idx].append(map_tensors(output, lambda t: t.cpu()))
+
+    def _predict_end(self, modes: dict[torch.nn.Module, bool]) -> list[Any] | None:
+        """Lightning's order: ``on_predict_epoch_end`` (where writers see the outputs), the outputs and indices
+        dropped unless returned, then ``on_predict_end``."""
+        self.hooks.both("on_predict_epoch_end")
+        returned = self.predictions if self.return_predictions else None
+        if not self.return_predictions:
+            self._predictions = []
+        self.epoch_batch_indices = []
+        self.hooks.both("on_predict_end")
+        self._restore(modes)
+        return returned
+
+    def _recorder(self, loader: Any) -> BatchIndices | None:
+        """The loader's recorder of batch indices; none, with Lightning's warning once per loader type, when it has
+        no batch sampler to record (an iterable dataset, ``batch_size=None``, not a DataLoader)."""
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(batch_sampler, BatchIndices):
+            return batch_sampler
+        name = type(loader).__name__
+        if name not in self._unknown_indices and self.trainer.is_global_zero:
+            self._unknown_indices.add(name)
+            warnings.warn(f"Couldn't infer the batch indices fetched from your dataloader: `{name}`", stacklevel=3)
+        return None
 
     def _loader_end(self, hub: MetricHub) -> dict[str, torch.Tensor]:
         hub.epoch_end_reached()

@@ -90,7 +90,7 @@ class FitLoop:
         self.step_limit: int | float = math.inf  # max_steps, with -1 as infinity
         self.val_enabled = False
         self.distributed = trainer.world_size > 1
-        self.cadence = Cadence(CadenceRules(), self.progress)  # each fit makes its own (``run``)
+        self.cadence = Cadence(CadenceRules(), self.progress, self.args.accumulate_grad_batches)  # each fit's: run
         self.decisions = SyncDecisions(trainer, self.progress.position)
         self.decided = self.decisions.decided  # should_stop and received_sigterm, as the loop acts on them
         self._combine_batch_start = False
@@ -227,7 +227,8 @@ class FitLoop:
         rules = CadenceRules.for_fit(
             self.args, self.hooks, self.optimization, configs, validation=self.val_enabled, distributed=self.distributed
         )
-        self.cadence = Cadence(rules, progress)  # callbacks add their triggers to it in on_train_start
+        # Callbacks add their triggers to it in on_train_start; it keeps the last fit's accumulation window.
+        self.cadence = Cadence(rules, progress, self.cadence.window)
         progress.at_sync_point = False
         if self.cadence.validates_this_epoch():
             self.val_loop.setup_data()

@@ -179,7 +179,7 @@ def _verify(trainer: Trainer, stage: str, module: Module, hooks: Hooks) -> None:
                 f"{name} must define configure_optimizers() to fit (it may return None to train without an optimizer)"
             )
         if not module.automatic_optimization:
-            _verify_manual_optimization(trainer.args)
+            _verify_manual_optimization(trainer.args, trainer.accumulate_grad_batches)
         if not trainer.fit_loop.source.is_defined():
             raise MisconfiguredValueError(
                 "fit: no training data; pass train_dataloaders, a datamodule, or define train_dataloader()"
@@ -221,16 +221,17 @@ def _warn_unpaired_validation(trainer: Trainer, overridden: frozenset[str]) -> N
         )
 
 
-def _verify_manual_optimization(args: TrainerArguments) -> None:
-    """What Lightning refuses under manual optimization: the Trainer's clipping and accumulation."""
+def _verify_manual_optimization(args: TrainerArguments, accumulate_grad_batches: int) -> None:
+    """What Lightning refuses under manual optimization: the Trainer's clipping and accumulation (the argument, or
+    the value ``trainer.accumulate_grad_batches`` was set to since)."""
     if args.gradient_clip_val is not None:
         raise MisconfiguredValueError(
             f"gradient_clip_val={args.gradient_clip_val!r} under manual optimization: the Trainer does not clip when "
             "training_step steps the optimizers; remove it and call self.clip_gradients(optimizer, ...) yourself"
         )
-    if args.accumulate_grad_batches != 1:
+    if accumulate_grad_batches != 1:
         raise MisconfiguredValueError(
-            f"accumulate_grad_batches={args.accumulate_grad_batches!r} under manual optimization: the Trainer does "
+            f"accumulate_grad_batches={accumulate_grad_batches!r} under manual optimization: the Trainer does "
             "not accumulate when training_step steps the optimizers; remove it and step every k batches yourself"
         )
 

@@ -43,12 +43,14 @@ TEST_REQUIREMENTS = {
         "wandb>=0.17",
         "ray[tune]>=2.9",
         "pytorch-forecasting>=1.4",  # a library's LightningModules (DeepAR, NBeats) fitted by GPUlayer's Trainer
-        *("transformers>=5.25", "peft>=0.21"),  # the porting corpus' ViT LoRA fine-tune (29_vit_lora_cli.py)
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
     "gpulayer-cli": ["lightning==2.6.*"],  # its differential tests run Lightning's LightningCLI
     "gpulayer-port": ["lightning==2.6.*"],  # gpulayer port --verify runs the original under Lightning
 }
+# What the root tests need beyond the distributions' own: the porting corpus's ViT LoRA fine-tune (29_vit_lora_cli.py).
+# Not in the isolation venvs, which run each distribution's own tests.
+CORPUS_REQUIREMENTS = ["transformers>=5.25", "peft>=0.21"]
 EXTRAS = {"gpulayer-trainer": "[plot]"}  # matplotlib, for gpulayer plot and its tests
 # Installed in dependency order: runtime, trainer, callbacks, fsdp, port and cli, then the meta distribution that pins
 # them.
@@ -65,11 +67,14 @@ PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 
 def _install(session: nox.Session) -> None:
-    """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools."""
+    """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools
+    and every test requirement."""
     session.install(*shlex.split(TORCH))
     test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
     editable = [f"packages/{name}" + EXTRAS.get(name, "") for name in DISTRIBUTIONS]
-    session.install(*[arg for path in editable for arg in ("-e", path)], *TEST_TOOLS, *test_requirements)
+    session.install(
+        *[arg for path in editable for arg in ("-e", path)], *TEST_TOOLS, *test_requirements, *CORPUS_REQUIREMENTS
+    )
 
 
 # The CPU suites hide any GPU: Trainer(accelerator="auto") would otherwise put their runs on it.

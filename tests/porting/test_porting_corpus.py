@@ -199,9 +199,7 @@ def test_gpulayer_port_verify_finds_the_capped_runs_identical(script):
     """``gpulayer port corpus --verify --script SCRIPT``: the corpus folder ported into a temporary folder, the
     script run under both trainers capped at 8 steps, and found identical; nothing is left in the temporary folder."""
     _skip_without_libraries(script)
-    # Not under tmp_path: a DataLoader worker's socket (TMPDIR/gpulayer-verify-*/*.tmp/pymp-*/listener-*) must fit in
-    # AF_UNIX's 107 bytes, else the worker cannot hand its batch over and the run waits for it forever.
-    temporary = Path(tempfile.mkdtemp(prefix="gl-"))
+    temporary = Path(tempfile.mkdtemp(prefix="gl-"))  # the command's TMPDIR: it must be left empty
     environment = {**os.environ, "OUT_DIR": "out", "TMPDIR": str(temporary), "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "gpulayer.runtime", "port", str(FOLDER), "--verify", "--steps", "8"]
     finished = run_command([*command, "--script", str(script)], env=environment, timeout=2 * SCRIPT_TIMEOUT_S)

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -165,13 +166,17 @@ def run_both(entry: Entry, args: list[str], *, steps: int, timeout: float, folde
     """Both runs at once, each in a process group of its own, killed with everything it started when it ends or
     when ``timeout`` (seconds) passes; a ``TimeoutError`` then names the runs still going."""
     started: list[tuple[str, subprocess.Popen, Path, Path]] = []
+    temporaries: list[str] = []
     try:
         for framework in FRAMEWORKS:
             root = folder / framework.lower()
             record, log = folder / f"{framework.lower()}.record", folder / f"{framework.lower()}.log"
-            temporary = folder / f"{framework.lower()}.tmp"  # what the run writes to the temporary folder, torch's
-            temporary.mkdir()  # caches included, is removed with the rest
-            environment = {**os.environ, "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(temporary)}
+            # The run's temporary folder (torch's caches included), removed after it. Made just inside the caller's,
+            # not deeper in ``folder``: a DataLoader worker's socket (TMPDIR/pymp-*/listener-*) must fit AF_UNIX's
+            # 107 bytes, else the worker cannot hand its batch over and the run waits until the timeout.
+            temporary = tempfile.mkdtemp(prefix="gl-")
+            temporaries.append(temporary)
+            environment = {**os.environ, "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": temporary}
             command = [sys.executable, "-m", "gpulayer.port.run_recorded", str(record), str(steps)]
             command += [str(root / entry.relative), *args]
             with log.open("wb") as output:
@@ -192,6 +197,8 @@ def run_both(entry: Entry, args: list[str], *, steps: int, timeout: float, folde
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # what it started, and itself past the deadline
             process.wait()
+        for temporary in temporaries:
+            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _wait(started: list[tuple[str, subprocess.Popen, Path, Path]], timeout: float) -> None:

@@ -45,8 +45,11 @@ TEST_REQUIREMENTS = {
         "pytorch-forecasting>=1.4",  # a library's LightningModules (DeepAR, NBeats) fitted by GPUlayer's Trainer
     ],
     "gpulayer-callbacks": ["lightning==2.6.*"],
-    "gpulayer-cli": ["lightning==2.6.*"],  # its differential tests run Lightning's LightningCLI
-    "gpulayer-port": ["lightning==2.6.*"],  # gpulayer port --verify runs the original under Lightning
+    # Its differential tests run Lightning's LightningCLI, a config naming Lightning's TensorBoardLogger among them.
+    "gpulayer-cli": ["lightning==2.6.*", "tensorboard>=2.15"],
+    # gpulayer port --verify runs the original under Lightning; the port writes Lightning's default TensorBoardLogger
+    # where tensorboard is installed, as Lightning's default is one only then.
+    "gpulayer-port": ["lightning==2.6.*", "tensorboard>=2.15"],
 }
 # What the root tests need beyond the distributions' own: the porting corpus's ViT LoRA fine-tune (29_vit_lora_cli.py).
 # Not in the isolation venvs, which run each distribution's own tests.

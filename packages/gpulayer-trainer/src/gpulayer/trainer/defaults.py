@@ -11,6 +11,7 @@ from typing import Any
 
 from gpulayer.trainer.core.callback import Callback, Checkpoint, callback_base, callback_class_base
 from gpulayer.trainer.core.hooks import is_overridden
+from gpulayer.trainer.core.lightning_classes import is_lightnings, lightning_modules
 from gpulayer.trainer.default_checkpoint import DefaultCheckpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
 from gpulayer.trainer.logging.csv_logger import CSVLogger
@@ -127,7 +128,7 @@ def takes_callback_class(kind: type) -> bool:
 # Lightning's callbacks that only display, and change nothing about training: accepted and dropped. Recognised by
 # name and module, so the trainer never imports Lightning.
 _DISPLAY_ONLY = ("RichProgressBar", "TQDMProgressBar", "RichModelSummary", "ModelSummary")
-_LIGHTNING_CALLBACK_MODULES = ("lightning.pytorch.callbacks", "pytorch_lightning.callbacks")
+_LIGHTNING_CALLBACK_MODULES = lightning_modules("callbacks")
 
 
 def _display_only(kind: type) -> bool:
@@ -161,7 +162,7 @@ def _described(callback: Any) -> str:
         return f"the class {callback.__module__}.{callback.__qualname__}, not an instance: {instead}"
     kind = type(callback)
     name = f"{kind.__module__}.{kind.__qualname__}"
-    if kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+    if is_lightnings(kind):
         if any(base.__name__ == "ProgressBar" for base in kind.__mro__):
             return f"Lightning's {kind.__qualname__} ({name}): {_PROGRESS_BAR}"
         equivalent = _EQUIVALENTS.get(kind.__qualname__)
@@ -171,7 +172,7 @@ def _described(callback: Any) -> str:
             f"Lightning's {kind.__qualname__} ({name}), not a gpulayer.trainer.Callback: GPUlayer has no counterpart "
             "of it; write it as a gpulayer.trainer.Callback, or keep Lightning's Trainer for it"
         )
-    built_on = next((k for k in kind.__mro__ if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning")), None)
+    built_on = next((k for k in kind.__mro__ if is_lightnings(k)), None)
     if built_on is not None:
         instead = _EQUIVALENTS.get(built_on.__qualname__, "gpulayer.trainer.Callback")
         return (

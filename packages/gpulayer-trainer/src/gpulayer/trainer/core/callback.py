@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpulayer.trainer.core.lightning_classes import lightning_modules
+from gpulayer.trainer.core.lightning_classes import is_lightnings, lightning_modules
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.module import Module
@@ -228,7 +228,7 @@ def callback_class_base(kind: type) -> type | None:
     if issubclass(kind, Callback):
         return Callback
     for parent in kind.__mro__:
-        if parent.__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+        if is_lightnings(parent):
             return (
                 parent if parent.__name__ == "Callback" and parent.__module__ in _LIGHTNING_CALLBACK_MODULES else None
             )

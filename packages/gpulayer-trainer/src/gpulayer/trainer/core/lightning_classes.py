@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 
+def is_lightnings(kind: type) -> bool:
+    """Whether the class ``kind`` is defined in Lightning (either distribution), not built on it elsewhere."""
+    return kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+
+
 def lightning_modules(path: str) -> tuple[str, str]:
     """The defining module ``path`` (below ``lightning.pytorch``) in Lightning's two distributions."""
     return f"lightning.pytorch.{path}", f"pytorch_lightning.{path}"

@@ -26,11 +26,10 @@ from typing import Any
 from torch import nn
 
 from gpulayer.trainer.core.hooks import is_overridden
-from gpulayer.trainer.core.lightning_classes import lightning_class
+from gpulayer.trainer.core.lightning_classes import is_lightnings, lightning_class
 from gpulayer.trainer.core.module import Module
 from gpulayer.trainer.exceptions import MisconfigurationException
 
-_LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.")
 # GPUlayer's classes that take the place of Lightning's: Module and its mixins, without nn.Module's own classes.
 _GPULAYER_CLASSES = tuple(kind for kind in Module.__mro__ if kind not in nn.Module.__mro__)
 
@@ -70,7 +69,7 @@ class _GPUlayerOrder(type):
         (own,) = cls.__bases__
         order: list[type] = [cls]
         for kind in own.__mro__:
-            if kind.__module__.startswith(_LIGHTNING_PACKAGES) and _GPULAYER_CLASSES[0] not in order:
+            if is_lightnings(kind) and _GPULAYER_CLASSES[0] not in order:
                 order.extend(_GPULAYER_CLASSES)
             order.append(kind)
         return order

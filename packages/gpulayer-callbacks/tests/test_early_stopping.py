@@ -16,32 +16,19 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from gpulayer.callbacks.model_checkpoint import ModelCheckpoint
 
+from .conftest import frameworks
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Checkpoint as LightningCheckpoint
     from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 NAN, INF = math.nan, math.inf
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        Checkpoint=LightningCheckpoint,
-        EarlyStopping=LightningEarlyStopping,
-        log_name="lightning.pytorch.callbacks.early_stopping",
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(
-        Trainer=gl.Trainer,
-        Module=gl.Module,
-        Checkpoint=gl.Checkpoint,
-        EarlyStopping=EarlyStopping,
-        log_name="gpulayer.callbacks.early_stopping",
-        options={},
-    ),
-}
+FRAMEWORKS = frameworks(
+    EarlyStopping=(LightningEarlyStopping, EarlyStopping),
+    log_name=("lightning.pytorch.callbacks.early_stopping", "gpulayer.callbacks.early_stopping"),
+)
 
 
 def _scripted_module(framework, values, *, metric="val_loss", validate=True, per_validation=False):

@@ -3,7 +3,6 @@ gradient_accumulation_scheduler.py``): the same schedule under both frameworks g
 same ``global_step``, learning rates, weights and ``metrics.csv``, and the same refusals and messages."""
 
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,32 +11,14 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer.trainer as gl
 from gpulayer.callbacks import GradientAccumulationScheduler
 
+from .conftest import frameworks
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Callback as LightningCallback
     from lightning.pytorch.callbacks import GradientAccumulationScheduler as LightningScheduler
-    from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        Callback=LightningCallback,
-        Scheduler=LightningScheduler,
-        CSVLogger=LightningCSVLogger,
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(
-        Trainer=gl.Trainer,
-        Module=gl.Module,
-        Callback=gl.Callback,
-        Scheduler=GradientAccumulationScheduler,
-        CSVLogger=gl.CSVLogger,
-        options={},
-    ),
-}
+FRAMEWORKS = frameworks(Scheduler=(LightningScheduler, GradientAccumulationScheduler))
 BATCHES = 10  # per epoch: no factor used here divides it, so each epoch's last batch steps a short window
 
 

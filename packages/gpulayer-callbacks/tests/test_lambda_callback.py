@@ -4,29 +4,20 @@ frameworks, through fit, a checkpoint saved and resumed, validate, test, predict
 
 import inspect
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import gpulayer.trainer as gl
 from gpulayer.callbacks import LambdaCallback
+
+from .conftest import frameworks
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import LambdaCallback as LightningLambdaCallback
 
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        LambdaCallback=LightningLambdaCallback,
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(Trainer=gl.Trainer, Module=gl.Module, LambdaCallback=LambdaCallback, options={}),
-}
+FRAMEWORKS = frameworks(LambdaCallback=(LightningLambdaCallback, LambdaCallback))
 HOOKS = [name for name in inspect.signature(LightningLambdaCallback.__init__).parameters if name != "self"]
 
 

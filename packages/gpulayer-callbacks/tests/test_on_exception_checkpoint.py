@@ -5,7 +5,6 @@ ends as Lightning's does (and as an unbroken run), and an entry point that ends 
 import os
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,27 +14,13 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks import OnExceptionCheckpoint
 from gpulayer.runtime.testing import run_ranks
 
+from .conftest import frameworks
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import OnExceptionCheckpoint as LightningOnExceptionCheckpoint
 
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        Callback=pl.Callback,
-        OnExceptionCheckpoint=LightningOnExceptionCheckpoint,
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(
-        Trainer=gl.Trainer,
-        Module=gl.Module,
-        Callback=gl.Callback,
-        OnExceptionCheckpoint=OnExceptionCheckpoint,
-        options={},
-    ),
-}
+FRAMEWORKS = frameworks(OnExceptionCheckpoint=(LightningOnExceptionCheckpoint, OnExceptionCheckpoint))
 
 
 class Boom(RuntimeError):

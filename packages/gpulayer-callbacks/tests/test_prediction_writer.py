@@ -6,7 +6,6 @@ import os
 import warnings
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,25 +15,15 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks import BasePredictionWriter
 from gpulayer.runtime.testing import run_ranks
 
+from .conftest import frameworks
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import BasePredictionWriter as LightningWriter
     from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        Callback=pl.Callback,
-        Writer=LightningWriter,
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(
-        Trainer=gl.Trainer, Module=gl.Module, Callback=gl.Callback, Writer=BasePredictionWriter, options={}
-    ),
-}
+FRAMEWORKS = frameworks(Writer=(LightningWriter, BasePredictionWriter))
 
 
 def _plain(value):

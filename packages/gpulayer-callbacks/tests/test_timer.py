@@ -8,7 +8,6 @@ import logging
 import time
 import warnings
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,31 +17,17 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks import Timer
 from gpulayer.runtime.testing import run_ranks
 
+from .conftest import frameworks
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Checkpoint as LightningCheckpoint
     from lightning.pytorch.callbacks import Timer as LightningTimer
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-FRAMEWORKS = {
-    "lightning": SimpleNamespace(
-        Trainer=pl.Trainer,
-        Module=pl.LightningModule,
-        Checkpoint=LightningCheckpoint,
-        Timer=LightningTimer,
-        log_name="lightning.pytorch.utilities.rank_zero",
-        options={"enable_progress_bar": False, "enable_model_summary": False},
-    ),
-    "gpulayer": SimpleNamespace(
-        Trainer=gl.Trainer,
-        Module=gl.Module,
-        Checkpoint=gl.Checkpoint,
-        Timer=Timer,
-        log_name="gpulayer.trainer.loops.timer",
-        options={},
-    ),
-}
+FRAMEWORKS = frameworks(
+    Timer=(LightningTimer, Timer),
+    log_name=("lightning.pytorch.utilities.rank_zero", "gpulayer.trainer.loops.timer"),
+)
 ORIGIN = 1000.0  # the fake clock's reading when a run starts
 STAGES = ("train", "sanity_check", "validate", "test", "predict")
 

@@ -1,0 +1,38 @@
+"""What the differential callback tests share: Lightning's and GPUlayer's classes side by side."""
+
+import warnings
+from types import SimpleNamespace
+
+import gpulayer.trainer as gl
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import lightning.pytorch as pl
+
+LIGHTNING_OPTIONS = {"enable_progress_bar": False, "enable_model_summary": False}
+
+
+def frameworks(**classes: tuple) -> dict[str, SimpleNamespace]:
+    """``{"lightning": ..., "gpulayer": ...}``, each with its ``Trainer``, ``Module``, ``Callback``, ``Checkpoint``,
+    ``CSVLogger``, the Trainer ``options`` that quiet Lightning's display, and each ``name=(lightning's, gpulayer's)``
+    given."""
+    return {
+        "lightning": SimpleNamespace(
+            Trainer=pl.Trainer,
+            Module=pl.LightningModule,
+            Callback=pl.Callback,
+            Checkpoint=pl.callbacks.Checkpoint,
+            CSVLogger=pl.loggers.CSVLogger,
+            options=dict(LIGHTNING_OPTIONS),
+            **{name: pair[0] for name, pair in classes.items()},
+        ),
+        "gpulayer": SimpleNamespace(
+            Trainer=gl.Trainer,
+            Module=gl.Module,
+            Callback=gl.Callback,
+            Checkpoint=gl.Checkpoint,
+            CSVLogger=gl.CSVLogger,
+            options={},
+            **{name: pair[1] for name, pair in classes.items()},
+        ),
+    }

@@ -44,7 +44,8 @@ TEST_REQUIREMENTS = {
         "ray[tune]>=2.9",
         "pytorch-forecasting>=1.4",  # a library's LightningModules (DeepAR, NBeats) fitted by GPUlayer's Trainer
     ],
-    "gpulayer-callbacks": ["lightning==2.6.*"],
+    # psutil: DeviceStatsMonitor's CPU stats (neither torch nor Lightning requires it).
+    "gpulayer-callbacks": ["lightning==2.6.*", "psutil>=5"],
     # Its differential tests run Lightning's LightningCLI, a config naming Lightning's TensorBoardLogger among them.
     "gpulayer-cli": ["lightning==2.6.*", "tensorboard>=2.15"],
     # gpulayer port --verify runs the original under Lightning; the port writes Lightning's default TensorBoardLogger

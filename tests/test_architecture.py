@@ -11,7 +11,7 @@ TRAINER = ROOT / "packages" / "gpulayer-trainer" / "src" / "gpulayer" / "trainer
 # gpulayer-trainer's rooms, highest first: at run time a room imports only from the tiers below its own (ADR 0027).
 # "top" is the Trainer, its arguments and defaults, and the public names; "leaf" the helpers beside them that import
 # nothing of the trainer.
-TIERS = [("top",), ("loops",), ("strategies", "data"), ("core",), ("logging", "checkpoint"), ("leaf",)]
+TIERS = [("top",), ("loops",), ("strategies", "data"), ("core",), ("logging", "checkpoint", "profilers"), ("leaf",)]
 LEAVES = {"exceptions", "states", "batch", "private_files"}
 
 

@@ -36,7 +36,7 @@ from figures import different_work, gpulayer_ratios
 from report import chart, report
 from variants import VARIANTS
 from why_table import with_why_block
-from workloads import WORKLOADS
+from workloads import EMA_VARIANTS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 README = HERE.parent.parent / "README.md"
@@ -108,6 +108,11 @@ def _arguments() -> argparse.Namespace:
         parser.error(
             f"--variants {','.join(args.variants)}: raw must be among them (every final loss is checked against"
             " the raw loop's)"
+        )
+    if set(args.variants) & set(EMA_VARIANTS) and "raw_ema" not in args.variants:
+        parser.error(
+            f"--variants {','.join(args.variants)}: raw_ema must be among them (the EMA variants' final losses are"
+            " checked against its)"
         )
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: accepted are 1 or more")
@@ -200,8 +205,9 @@ def _rounds(name: str, args: argparse.Namespace) -> dict:
 
 
 def _cold_starts(quick: bool) -> dict:
-    # Start-up does not depend on the order of a step: the raw loop starts once, in its usual order.
-    variants = [variant for variant in (QUICK_VARIANTS if quick else VARIANTS) if variant != "raw_lightning_order"]
+    # Start-up does not depend on the order of a step or an EMA: the raw loop starts once, in its usual order.
+    chosen = QUICK_VARIANTS if quick else VARIANTS
+    variants = [variant for variant in chosen if variant != "raw_lightning_order" and variant not in EMA_VARIANTS]
     runs: dict[str, dict[str, list[dict]]] = {}
     for workload in COLD_WORKLOADS[:1] if quick else COLD_WORKLOADS:
         runs[workload] = {variant: [] for variant in variants if WORKLOADS[workload].runs(variant)}

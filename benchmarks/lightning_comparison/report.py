@@ -9,6 +9,7 @@ from figures import (
     ASYNC_SAVE_TARGETS,
     BF16_LOSS_TOLERANCE,
     CUDA_LOSS_TOLERANCE,
+    EMA_TARGETS,
     LIGHTNING_TARGETS,
     LOSS_TOLERANCE,
     TARGETS,
@@ -98,6 +99,7 @@ def _workload_report(results: dict, placement: str, workload: str) -> list[str]:
             f"Target: GPUlayer with async_save=True at most {target} x {reference}; measured {measured:.3f}:"
             f" {met(measured <= target)}.",
         ]
+    lines += _ema_report(results, placement, workload)
     slower = LIGHTNING_TARGETS.get((workload, placement))
     if slower is not None and "lightning" in variants and "gpulayer" in variants:
         measured = ratio(results, placement, workload, "lightning", to="gpulayer")
@@ -106,6 +108,42 @@ def _workload_report(results: dict, placement: str, workload: str) -> list[str]:
             f"Target: Lightning at least {slower} x GPUlayer; measured {measured:.3f}: {met(measured >= slower)}.",
         ]
     return [*lines, ""]
+
+
+def _ema_report(results: dict, placement: str, workload: str) -> list[str]:
+    """Issue 49's targets for ``EMAWeightAveraging``, and what the EMA adds to each loop's step (the median over
+    rounds of the EMA variant's time per step less its plain variant's, where both ran)."""
+    variants = results["placements"][placement][workload]["variants"]
+    if "gpulayer_ema" not in variants:
+        return []
+    lines = []
+    added = []
+    for name, ema, plain in (
+        ("the raw loop", "raw_ema", "raw_lightning_order"),
+        ("GPUlayer", "gpulayer_ema", "gpulayer"),
+        ("Lightning", "lightning_ema", "lightning"),
+    ):
+        if ema in variants and plain in variants:
+            pairs = zip(variants[ema]["seconds_per_step"], variants[plain]["seconds_per_step"], strict=True)
+            added.append(f"{name} {median([mine - theirs for mine, theirs in pairs]) * 1e6:+.1f} µs")
+    if added:
+        lines += ["", f"What the EMA adds to a step (median over rounds): {', '.join(added)}."]
+    reference, target = EMA_TARGETS.get((workload, placement), ("raw_ema", None))
+    if target is not None and reference in variants:
+        measured = ratio(results, placement, workload, "gpulayer_ema", to=reference)
+        lines += [
+            "",
+            f"Target: GPUlayer with EMAWeightAveraging at most {target} x {reference}; measured {measured:.3f}:"
+            f" {met(measured <= target)}.",
+        ]
+    if "lightning_ema" in variants:
+        measured = ratio(results, placement, workload, "gpulayer_ema", to="lightning_ema")
+        lines += [
+            "",
+            f"Target: GPUlayer with EMAWeightAveraging below Lightning with its EMAWeightAveraging; measured"
+            f" {measured:.3f} x Lightning's: {met(measured < 1)}.",
+        ]
+    return lines
 
 
 def _log_call_report(variants: dict) -> list[str]:

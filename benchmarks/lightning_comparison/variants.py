@@ -15,7 +15,12 @@ and the loss, fp32 weights, no gradient scaler). The batches start on the CPU an
 - ``gpulayer_async_save``: ``gpulayer`` with its checkpoints written in the background
   (``SingleDeviceStrategy(async_save=True)``); run on the default-install workloads only, the ones that checkpoint;
 - ``lightning``: Lightning 2.6 with its progress bar, model summary, logger and checkpoints off;
-- ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints).
+- ``lightning_defaults``: Lightning 2.6 as most users run it (progress bar, summary, CSV logger, checkpoints);
+- ``raw_ema``, ``gpulayer_ema``, ``lightning_ema`` (the MLP and the transformer only): ``raw_lightning_order``,
+  ``gpulayer`` and ``lightning`` with an exponential moving average of the weights updated after every optimizer
+  step (decay 0.999) and copied into the model when training ends: by hand (``RawEMA``: one
+  ``torch._foreach_lerp_``), and with each trainer's ``EMAWeightAveraging()``. Their final losses are checked
+  against ``raw_ema``'s.
 
 On the ``default_install`` workloads each variant also does that workload's extra work (``default_install.py``):
 the trainers with their default checkpoint and CSV logger on, the raw loops by hand.
@@ -35,9 +40,18 @@ from typing import Any
 
 import torch
 from default_install import RawDefaultInstall, callbacks, configure_optimizers, counted_batches
-from workloads import Workload, adversarial_step, optimizers_of
+from workloads import EMA_VARIANTS, Workload, adversarial_step, optimizers_of
 
-VARIANTS = ("raw", "raw_lightning_order", "gpulayer", "gpulayer_async_save", "lightning", "lightning_defaults")
+VARIANTS = (
+    "raw",
+    "raw_lightning_order",
+    "gpulayer",
+    "gpulayer_async_save",
+    "lightning",
+    "lightning_defaults",
+    *EMA_VARIANTS,
+)
+EMA_DECAY = 0.999  # EMAWeightAveraging's default
 LOG_EVERY_N_STEPS = 50  # both trainers' default: steps (batch_idx + 1) % 50 == 0 gather and emit the logged values
 
 
@@ -100,8 +114,8 @@ def train(
     if devices is None:
         devices = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if distributed else 1
     if variant.startswith("raw"):
-        lightning_order = variant == "raw_lightning_order"
-        net = _raw(workload, batches, clock, distributed, device, precision, lightning_order)
+        lightning_order = variant in ("raw_lightning_order", "raw_ema")
+        net = _raw(workload, batches, clock, distributed, device, precision, lightning_order, variant == "raw_ema")
     else:
         net = _trainer(variant, workload, batches, clock, devices, device, precision)
     return workload.final_loss(net, batches, device)
@@ -115,8 +129,10 @@ def _raw(
     device: str,
     precision: str,
     lightning_order: bool,
+    ema: bool = False,
 ) -> torch.nn.Module:
     net = workload.seeded_net().to(device)
+    average = RawEMA(net) if ema else None
     model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.SGD(net.parameters(), lr=workload.lr)
     mixed = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
@@ -144,6 +160,8 @@ def _raw(
                         loss, _ = workload.step(model, (inputs, targets), metric)  # what a trainer would log
                     loss.backward()
                     optimizer.step()
+                if average is not None:
+                    average.update()
                 if install is not None:
                     if (step + 1) % LOG_EVERY_N_STEPS == 0:
                         install.rows.append((epoch, step, loss.detach()))
@@ -151,8 +169,34 @@ def _raw(
                         install.on_batch_end(loss, (inputs, targets), step)
             if install is not None:
                 install.epoch_end(epoch, step)
+    if average is not None:
+        average.copy_to_model()
     _check_batches_counted(install.batches if install is not None else None, workload, batches, "raw")
     return net
+
+
+class RawEMA:
+    """The EMA a user writes by hand, for ``raw_ema``: after each optimizer step one ``torch._foreach_lerp_`` of the
+    averages towards the parameters (the first step copies them, as the callbacks' first update does), and the
+    averages copied into the model at the end. Buffers are left as they are: a lerp would turn the transformer's
+    ``-inf`` mask into NaN, and the callbacks' average of a constant buffer is that constant."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        self.parameters = list(net.parameters())
+        self.averages = [parameter.detach().clone() for parameter in self.parameters]
+        self.first = True
+
+    @torch.no_grad()
+    def update(self) -> None:
+        if self.first:
+            torch._foreach_copy_(self.averages, self.parameters)
+            self.first = False
+        else:
+            torch._foreach_lerp_(self.averages, self.parameters, 1 - EMA_DECAY)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        torch._foreach_copy_(self.parameters, self.averages)
 
 
 def _step_in_lightning_order(
@@ -199,9 +243,15 @@ def _trainer(
         logging.getLogger("lightning.fabric").setLevel(logging.ERROR)  # the tip to enable TF32 on CUDA
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")  # torch deprecates an isinstance check Lightning makes
-        options = {**lean, "enable_model_summary": False} if variant == "lightning" else {}
+        options = {**lean, "enable_model_summary": False} if variant in ("lightning", "lightning_ema") else {}
         if workload.default_install:  # Lightning's default logger is TensorBoard's where tensorboard is installed
             from lightning.pytorch.loggers import CSVLogger as make_logger
+    if variant.endswith("_ema"):
+        if variant.startswith("gpulayer"):
+            from gpulayer.callbacks.weight_averaging import EMAWeightAveraging
+        else:
+            from lightning.pytorch.callbacks import EMAWeightAveraging
+        options = {**options, "callbacks": [EMAWeightAveraging(decay=EMA_DECAY)]}
     steps = itertools.count()  # the fit's step, over its epochs
 
     class Bench(Module):

@@ -16,6 +16,8 @@
   trainer's own cost shows (the GPU check's time stays as it was); no ``lightning_defaults``, and GPUlayer also with
   its checkpoints written in the background (``gpulayer_async_save``).
 
+The MLP and the transformer also run the EMA variants (``variants.py``).
+
 Batches are made in advance (each rank takes every world_size-th), so data loading costs next to nothing.
 """
 
@@ -31,6 +33,7 @@ from torch import nn
 
 SEED = 0
 CHECKPOINTING_VARIANTS = ("gpulayer_async_save",)
+EMA_VARIANTS = ("raw_ema", "gpulayer_ema", "lightning_ema")  # variants.py: an EMA of the weights at every step
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,13 @@ class Workload:
     default_install: bool = False  # checkpoints, CSV logger, StepLR and LR monitor on (default_install.py)
     batch_hook: bool = False  # with a user callback that defines on_train_batch_end
     variants: tuple[str, ...] | None = None  # the variants that run it; None: every one that needs no checkpoints
+    averages: bool = False  # the EMA variants run it
 
     def runs(self, variant: str) -> bool:
         """Whether ``variant`` trains this workload: ``gpulayer_async_save`` differs from ``gpulayer`` only where the
-        trainers checkpoint (the default-install workloads)."""
+        trainers checkpoint (the default-install workloads), the EMA variants run on the MLP and the transformer."""
+        if variant in EMA_VARIANTS:
+            return self.averages
         return variant in self.variants if self.variants is not None else variant not in CHECKPOINTING_VARIANTS
 
     def batches(self, steps: int, rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -233,8 +239,8 @@ def optimizers_of(net: nn.Module, lr: float) -> list[torch.optim.Optimizer]:
 
 
 WORKLOADS = {
-    "mlp": Workload("mlp", 2000, _mlp, _mlp_batches, _regression_loss, 0.01),
-    "transformer": Workload("transformer", 200, _LanguageModel, _token_batches, _language_loss, 0.05),
+    "mlp": Workload("mlp", 2000, _mlp, _mlp_batches, _regression_loss, 0.01, averages=True),
+    "transformer": Workload("transformer", 200, _LanguageModel, _token_batches, _language_loss, 0.05, averages=True),
     "cnn": Workload("cnn", 60, _cnn, _image_batches, _classification_loss, 0.05),
     "gan": Workload("gan", 1000, _gan, _gan_batches, _gan_loss, 0.02, adversarial=True, one_process=True),
     "log_heavy": Workload(

@@ -32,15 +32,10 @@ FOLDER = HERE / "corpus"
 README = HERE.parents[1] / "README.md"
 GUIDE = HERE.parents[1] / "docs" / "porting-from-lightning.md"
 SCRIPT_TIMEOUT_S = 300
-_PROFILER = (
-    "profiler='simple': GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself, or use "
-    "benchmarks/ (accepted: None)"
-)
 # What the port reports for the scripts that use what GPUlayer does not adopt: PATH:LINE:COL: NAME: note.
 REPORTS = {
     "24_tuner_lr_find.py": [
         f"6:37: Tuner: {registry.REGISTRY['lightning.pytorch.tuner.'].note}",
-        f"28:55: Trainer: {_PROFILER}",
     ],
     "25_model_summary.py": [
         f"7:55: ModelSummary: {registry.REGISTRY['lightning.pytorch.utilities.model_summary.'].note}",

@@ -36,3 +36,16 @@ def frameworks(**classes: tuple) -> dict[str, SimpleNamespace]:
             **{name: pair[1] for name, pair in classes.items()},
         ),
     }
+
+
+class FakeClock:
+    """A clock (``time.monotonic``, ``time.perf_counter``) for a test: it moves only when ``advance`` is called."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -17,7 +17,7 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks import Timer
 from gpulayer.runtime.testing import run_ranks
 
-from .conftest import frameworks
+from .conftest import FakeClock, frameworks
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -32,22 +32,9 @@ ORIGIN = 1000.0  # the fake clock's reading when a run starts
 STAGES = ("train", "sanity_check", "validate", "test", "predict")
 
 
-class FakeClock:
-    """``time.monotonic`` for a test: it moves only when ``advance`` is called."""
-
-    def __init__(self, now: float = ORIGIN) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    fake = FakeClock()
+    fake = FakeClock(ORIGIN)
     monkeypatch.setattr(time, "monotonic", fake)
     return fake
 
@@ -297,7 +284,7 @@ def test_accepted_durations_are_lightnings():
 
 def _two_ranks(runtime, seconds_per_step: tuple[float, float], interval: str, duration: float) -> dict:
     """Each rank's clock moves at its own pace; the ranks must stop at the same step."""
-    clock = FakeClock()
+    clock = FakeClock(ORIGIN)
     time.monotonic = clock  # this rank's process only
     framework = FRAMEWORKS["gpulayer"]
     trainer = gl.Trainer(

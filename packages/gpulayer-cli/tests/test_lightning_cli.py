@@ -394,3 +394,47 @@ def test_a_config_naming_a_callback_the_trainer_refuses_is_refused_at_parse_time
         project("gpulayer", ["fit", "--config", "base.yaml", "--config", "own.yaml"])
     errors = capsys.readouterr().err
     assert "trainer.callbacks" in errors and "LearningRateMonitor" in errors
+
+
+# Each callback GPUlayer adopts, by the short name a command line gives it, with the flags it needs.
+SHORT_NAMES = {
+    "Timer": ["--trainer.callbacks.duration=00:00:10:00", "--trainer.callbacks.interval=epoch"],
+    "LambdaCallback": [],
+    "GradientAccumulationScheduler": ["--trainer.callbacks.scheduling={0: 2, 1: 1}"],
+    "OnExceptionCheckpoint": ["--trainer.callbacks.dirpath=crashes"],
+}
+# The Trainer's own Timer (its max_time) lives in gpulayer.trainer, which gpulayer.callbacks re-exports: a saved config
+# names the class where it is defined, and loads from either path.
+SAVED_AS = {"Timer": "gpulayer.trainer.loops.timer.Timer"}
+
+
+@pytest.mark.parametrize("name", SHORT_NAMES)
+def test_each_adopted_callback_resolves_by_its_short_name(project, base, capsys, name):
+    args = ["fit", "--config", "base.yaml", f"--trainer.callbacks+={name}", *SHORT_NAMES[name], "--print_config"]
+    printed = []
+    for framework in ("gpulayer", "lightning"):
+        with pytest.raises(SystemExit):
+            project(framework, args)
+        printed.append(_config(capsys.readouterr().out))
+    (ours,), (theirs,) = printed[0]["trainer"]["callbacks"], printed[1]["trainer"]["callbacks"]
+    assert ours["init_args"] == theirs["init_args"]
+    assert (ours["class_path"], theirs["class_path"]) == (SAVED_AS.get(name, f"CALLBACKS.{name}"), f"CALLBACKS.{name}")
+
+
+@pytest.mark.parametrize(
+    "flags", [["--trainer.profiler=simple"], ["--trainer.profiler=SimpleProfiler", "--trainer.profiler.filename=perf"]]
+)
+def test_a_profiler_by_its_name_or_its_short_class_name(project, base, capsys, flags):
+    printed = []
+    for framework in ("gpulayer", "lightning"):
+        with pytest.raises(SystemExit):
+            project(framework, ["fit", "--config", "base.yaml", *flags, "--print_config"])
+        printed.append(_config(capsys.readouterr().out)["trainer"]["profiler"])
+    ours, theirs = printed
+    if isinstance(theirs, str):
+        assert ours == theirs == "simple"
+    else:
+        assert ours["init_args"] == theirs["init_args"]
+        assert ours["class_path"].rsplit(".", 1)[1] == theirs["class_path"].rsplit(".", 1)[1] == "SimpleProfiler"
+    cli = project("gpulayer", ["fit", "--config", "base.yaml", *flags, "--trainer.max_epochs=1"])
+    assert type(cli.trainer.profiler).__name__ == "SimpleProfiler"

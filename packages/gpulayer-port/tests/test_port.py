@@ -252,18 +252,18 @@ def test_what_is_not_adopted_is_reported_and_its_import_marked_once():
         "from lightning.pytorch.tuner import Tuner  # tune\n"
         "trainer = L.Trainer(strategy='deepspeed', profiler=None, accelerator='GPU', plugins=my_plugins)\n"
         "Tuner(trainer)\n"
-        "profiler = L.pytorch.profilers.SimpleProfiler\n"
+        "profiler = L.pytorch.profilers.XLAProfiler\n"
     )
     ported = port_code(source)
     findings = [finding.format("x.py") for finding in ported.findings]
     assert findings[0] == f"x.py:2:37: Tuner: {TUNER}"
     assert findings[1].startswith("x.py:3:21: Trainer: strategy='deepspeed': accepted values are 'auto', ")
     assert findings[2].startswith("x.py:3:77: Trainer: plugins=my_plugins: GPUlayer takes no plugins")
-    assert findings[3] == f"x.py:5:12: L.pytorch.profilers.SimpleProfiler: {PROFILERS}"
+    assert findings[3] == f"x.py:5:12: L.pytorch.profilers.XLAProfiler: {PROFILERS}"
     assert len(findings) == 4  # profiler=None and accelerator='GPU' are accepted
     assert ported.code.splitlines()[:4] == [
         "from gpulayer.trainer import Trainer",
-        f"# gpulayer port: L.pytorch.profilers.SimpleProfiler: {PROFILERS}",
+        f"# gpulayer port: L.pytorch.profilers.XLAProfiler: {PROFILERS}",
         "import lightning as L",
         f"# gpulayer port: Tuner: {TUNER}",
     ]
@@ -408,11 +408,12 @@ trainer:
   _target_: lightning.pytorch.trainer.Trainer  # Lightning's module path
   max_epochs: 3
   profiler: simple
+  model_registry: my-model
   callbacks:
     - _target_: "lightning.pytorch.callbacks.ModelCheckpoint"
       monitor: val_loss
-    - _target_: lightning.pytorch.callbacks.StochasticWeightAveraging
-      swa_lrs: 0.01
+    - _target_: lightning.pytorch.callbacks.LearningRateFinder
+      min_lr: 0.0001
   logger:
     _target_: lightning.pytorch.loggers.TensorBoardLogger
     save_dir: logs
@@ -435,10 +436,10 @@ def test_a_config_names_gpulayers_classes_reports_what_is_not_adopted_and_keeps_
         .replace('"lightning.pytorch.callbacks.ModelCheckpoint"', '"gpulayer.callbacks.ModelCheckpoint"')
         .replace("pytorch_lightning.LightningModule", "gpulayer.trainer.Module")
     )
-    swa = registry.REGISTRY["lightning.pytorch.callbacks."].note
+    tuner = registry.REGISTRY["lightning.pytorch.callbacks."].note
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith(f"{config}:5:3: Trainer: profiler='simple': GPUlayer has no profiler")
-    assert printed[1:] == [f"{config}:9:17: lightning.pytorch.callbacks.StochasticWeightAveraging: {swa}"]
+    assert printed[0].startswith(f"{config}:6:3: Trainer: model_registry='my-model': ")
+    assert printed[1:] == [f"{config}:10:17: lightning.pytorch.callbacks.LearningRateFinder: {tuner}"]
     assert main([str(config), "--check"]) == 1  # a second port changes nothing more, and still reports
 
 

@@ -337,17 +337,17 @@ def test_a_resume_after_a_max_steps_stop_differs_at_the_resumed_call_and_step(tm
 
 @pytest.mark.porting
 def test_a_port_that_fails_is_reported_after_the_findings_with_its_error(tmp_path):
-    status, out, err = _verify(tmp_path, RESUMED.format(logger="profiler='simple'"))
+    status, out, err = _verify(tmp_path, RESUMED.format(logger="model_registry='m'"))
     assert status == 1, out + err
     lines = out.splitlines()
     assert lines[0] == (
-        "train.py:24:88: Trainer: profiler='simple': GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) "
-        "yourself, or use benchmarks/ (accepted: None)"
+        "train.py:24:88: Trainer: model_registry='m': GPUlayer uploads nothing; save with ModelCheckpoint and upload "
+        "the file yourself (accepted: None)"
     )
     assert lines[2] == "Lightning: exit status 0: fit (step 6, epoch 1), fit (step 6, epoch 1)"
     assert lines[3] == "GPUlayer: exit status 1: no Trainer call"
     assert (
-        "profiler='simple'" in lines[-2]
+        "model_registry='m'" in lines[-2]
         and lines[-1] == "failed: the GPUlayer run did not finish (the end of its error above)"
     )
 

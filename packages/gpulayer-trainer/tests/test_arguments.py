@@ -66,7 +66,8 @@ BAD = [
     ({"reload_dataloaders_every_n_epochs": -1}, ValueError, "reload_dataloaders_every_n_epochs=-1"),
     ({"sync_batchnorm": "yes"}, TypeError, "sync_batchnorm='yes'"),
     ({"enable_autolog_hparams": None}, TypeError, "enable_autolog_hparams=None"),
-    ({"profiler": "simple"}, ValueError, "profiler='simple': GPUlayer has no profiler"),
+    ({"profiler": "xla"}, ValueError, "it can only be one of ['simple', 'advanced', 'pytorch']"),
+    ({"profiler": 1}, TypeError, "profiler=1: accepted values are None"),
     ({"plugins": []}, ValueError, "plugins=[]: GPUlayer takes no plugins"),
     ({"model_registry": "my-model"}, ValueError, "model_registry='my-model': GPUlayer uploads nothing"),
 ]
@@ -267,8 +268,8 @@ def test_enable_progress_bar_false_prints_no_log_line(tmp_path, capsys):
             "gpulayer.callbacks.GradientAccumulationScheduler",
         ),
         (
-            lambda cb: cb.StochasticWeightAveraging(swa_lrs=0.1),
-            "callbacks[1] is Lightning's StochasticWeightAveraging .*: GPUlayer has no counterpart",
+            lambda cb: cb.LearningRateFinder(),
+            "callbacks[1] is Lightning's LearningRateFinder .*: GPUlayer has no counterpart",
         ),
     ],
     ids=["progress bar", "a callback GPUlayer has", "timer", "accumulation scheduler", "one GPUlayer lacks"],

@@ -54,6 +54,7 @@ OPTIONS = {
     # on the batches that do not step (strategy.block_backward_sync); the record counts DDP's reductions
     "strategy": "auto",
     "async_save": False,  # GPUlayer: strategy=DDPStrategy(async_save=True)
+    "profiler": None,  # a SimpleProfiler with this filename, writing fit-{filename}-{local rank}.txt to the out folder
 }
 
 
@@ -77,7 +78,11 @@ def _framework(name: str) -> SimpleNamespace:
         from lightning.pytorch.callbacks import EarlyStopping
 
         return SimpleNamespace(
-            Module=pl.LightningModule, Trainer=pl.Trainer, seed=pl.seed_everything, EarlyStopping=EarlyStopping
+            Module=pl.LightningModule,
+            Trainer=pl.Trainer,
+            seed=pl.seed_everything,
+            EarlyStopping=EarlyStopping,
+            SimpleProfiler=pl.profilers.SimpleProfiler,
         )
     import gpulayer.trainer as gl
     from gpulayer.callbacks import EarlyStopping
@@ -91,6 +96,7 @@ def _framework(name: str) -> SimpleNamespace:
         seed=gl.seed_everything,
         EarlyStopping=EarlyStopping,
         DDPStrategy=gl.DDPStrategy,
+        SimpleProfiler=gl.SimpleProfiler,
     )
 
 
@@ -201,6 +207,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         enable_checkpointing=o.checkpoint,
         default_root_dir=o.root,
         callbacks=callbacks,
+        profiler=None if o.profiler is None else fw.SimpleProfiler(dirpath=str(out), filename=o.profiler),
         **({"enable_progress_bar": False, "enable_model_summary": False} if name == "lightning" else {}),
     )
     model = Model() if o.skip_rank is None else SkippingModel()
@@ -223,6 +230,7 @@ def run(fw: SimpleNamespace, name: str, out: Path, o: SimpleNamespace) -> None:
         "seen": seen,
         "world_size": trainer.world_size,
         "reductions": getattr(model, "reductions", None),
+        "profiled": sorted(trainer.profiler.recorded_durations) if o.profiler else None,
         "log_dir": trainer.log_dir,
         "placed_by": runtime.placement.source if (runtime := getattr(trainer, "runtime", None)) else None,  # GPUlayer
     }

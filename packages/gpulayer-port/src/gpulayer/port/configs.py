@@ -3,7 +3,7 @@
 ``Trainer`` built from the config; every other byte stays, comments included.
 
 An adopted class's path is replaced by GPUlayer's where it stands (a quoted value keeps its quotes); a class GPUlayer
-does not adopt, and a ``Trainer`` argument it refuses (``profiler: simple``), are reported at their line and column.
+does not adopt, and a ``Trainer`` argument it refuses (``plugins: ...``), are reported at their line and column.
 A Hydra interpolation of a top-level key of the same file (``strategy: ${strategy}``) is judged by that key's value;
 any other interpolation is named as one the port cannot judge. A Trainer on Lightning's default logger is treated as
 in Python code (``tensorboard_logger``).

@@ -89,7 +89,7 @@ REGISTRY: dict[str, Answer] = {
     "lightning.pytorch.LightningModule": _adopted("gpulayer.trainer.Module"),
     "lightning.pytorch.LightningDataModule": _adopted("gpulayer.trainer.DataModule"),
     "lightning.pytorch.Trainer": _different(
-        "gpulayer.trainer.Trainer", "every argument known; profiler, plugins, model_registry refused"
+        "gpulayer.trainer.Trainer", "every argument known; plugins, model_registry refused"
     ),
     "lightning.pytorch.Callback": _adopted("gpulayer.trainer.Callback"),
     "lightning.pytorch.seed_everything": _adopted("gpulayer.trainer.seed_everything"),
@@ -111,6 +111,39 @@ REGISTRY: dict[str, Answer] = {
     ),
     "lightning.pytorch.callbacks.GradientAccumulationScheduler": _adopted(
         "gpulayer.callbacks.GradientAccumulationScheduler"
+    ),
+    "lightning.pytorch.callbacks.BaseFinetuning": _different(
+        "gpulayer.callbacks.BaseFinetuning", "a resume trains the groups unfrozen before the save (Lightning #21901)"
+    ),
+    "lightning.pytorch.callbacks.BackboneFinetuning": _different(
+        "gpulayer.callbacks.BackboneFinetuning",
+        "a resume trains the backbone unfrozen before the save (Lightning #21901)",
+    ),
+    "lightning.pytorch.callbacks.SpikeDetection": _different(
+        "gpulayer.callbacks.SpikeDetection",
+        "a bad mode is refused at once; a resume restores its state (Lightning's fails)",
+    ),
+    "lightning.fabric.utilities.spike.TrainingSpikeException": _adopted("gpulayer.callbacks.TrainingSpikeException"),
+    "lightning.pytorch.callbacks.ModelPruning": _adopted("gpulayer.callbacks.ModelPruning"),
+    "lightning.pytorch.callbacks.ThroughputMonitor": _different(
+        "gpulayer.callbacks.ThroughputMonitor",
+        "a bad window_size or keyword fails at construction, not when fit starts",
+    ),
+    "lightning.pytorch.callbacks.DeviceStatsMonitor": _adopted("gpulayer.callbacks.DeviceStatsMonitor"),
+    "lightning.pytorch.callbacks.StochasticWeightAveraging": _different(
+        "gpulayer.callbacks.StochasticWeightAveraging",
+        "the batch-norm epoch takes no optimizer step (Lightning steps once there with stale gradients), so the "
+        "module ends with the averaged weights and global_step is one lower",
+    ),
+    "lightning.pytorch.callbacks.WeightAveraging": _different(
+        "gpulayer.callbacks.WeightAveraging",
+        "with device=None the averaged copy moves to the module's device once the strategy places it (Lightning's "
+        "stays where the module was at setup: the CPU on a GPU run)",
+    ),
+    "lightning.pytorch.callbacks.EMAWeightAveraging": _different(
+        "gpulayer.callbacks.EMAWeightAveraging",
+        "the copy on the module's device as WeightAveraging's; each update is four kernels with no host read, "
+        "equal to Lightning's bit for bit",
     ),
     "lightning.pytorch.loggers.CSVLogger": _different(
         "gpulayer.trainer.CSVLogger", "rows are written at the log points and epoch ends"
@@ -152,8 +185,22 @@ REGISTRY: dict[str, Answer] = {
         "Lightning's model summary needs Lightning's module; use print(model), or "
         "sum(p.numel() for p in model.parameters()) for the parameter count",
     ),
+    "lightning.pytorch.profilers.Profiler": _adopted(
+        "gpulayer.trainer.Profiler", "the base class of your own profilers"
+    ),
+    "lightning.pytorch.profilers.PassThroughProfiler": _adopted("gpulayer.trainer.PassThroughProfiler"),
+    "lightning.pytorch.profilers.SimpleProfiler": _different(
+        "gpulayer.trainer.SimpleProfiler", "rows for the hooks GPUlayer calls (those you override), not every hook"
+    ),
+    "lightning.pytorch.profilers.AdvancedProfiler": _different(
+        "gpulayer.trainer.AdvancedProfiler", "rows for the hooks GPUlayer calls; a local dirpath (no fsspec)"
+    ),
+    "lightning.pytorch.profilers.PyTorchProfiler": _different(
+        "gpulayer.trainer.PyTorchProfiler",
+        "records every step unless schedule= is given; emit_nvtx refused; a local dirpath (no fsspec)",
+    ),
     "lightning.pytorch.profilers.": Answer(
-        NOT_ADOPTED, "GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself"
+        NOT_ADOPTED, "XLAProfiler: GPUlayer has no XLA (TPU) support; use PyTorchProfiler"
     ),
     ASYNC_CHECKPOINT_IO: Answer(
         ARGUMENT,

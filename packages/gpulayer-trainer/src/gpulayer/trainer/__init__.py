@@ -1,5 +1,5 @@
-"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``, ``Logger``, and
-``trainer.state``'s enums."""
+"""GPUlayer's Lightning-compatible Trainer: ``Trainer``, ``Module``, ``DataModule``, ``Callback``, ``Logger``, the
+profilers, and ``trainer.state``'s enums."""
 
 from importlib.metadata import version
 
@@ -12,6 +12,10 @@ from gpulayer.trainer.logging.csv_logger import CSVLogger
 from gpulayer.trainer.logging.logger import Logger
 from gpulayer.trainer.logging.rank_zero import rank_zero_only
 from gpulayer.trainer.loops.sync_decisions import NonFiniteLossError
+from gpulayer.trainer.profilers.advanced import AdvancedProfiler
+from gpulayer.trainer.profilers.profiler import PassThroughProfiler, Profiler
+from gpulayer.trainer.profilers.pytorch import PyTorchProfiler
+from gpulayer.trainer.profilers.simple import SimpleProfiler
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from gpulayer.trainer.strategies.ddp import DDPStrategy
 from gpulayer.trainer.strategies.strategy import SingleDeviceStrategy, Strategy
@@ -20,6 +24,7 @@ from gpulayer.trainer.trainer import Trainer
 __version__ = version("gpulayer-trainer")
 
 __all__ = [
+    "AdvancedProfiler",
     "CSVLogger",
     "Callback",
     "Checkpoint",
@@ -29,8 +34,12 @@ __all__ = [
     "MisconfigurationException",
     "Module",
     "NonFiniteLossError",
+    "PassThroughProfiler",
     "PossibleUserWarning",
+    "Profiler",
+    "PyTorchProfiler",
     "RunningStage",
+    "SimpleProfiler",
     "SingleDeviceStrategy",
     "Strategy",
     "Trainer",

@@ -14,10 +14,15 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from gpulayer.trainer.core.lightning_classes import is_lightnings
 from gpulayer.trainer.defaults import callback_list
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.logging.logger import logger_list
 from gpulayer.trainer.loops.timer import DURATION
+from gpulayer.trainer.profilers.advanced import AdvancedProfiler
+from gpulayer.trainer.profilers.profiler import Profiler
+from gpulayer.trainer.profilers.pytorch import PyTorchProfiler
+from gpulayer.trainer.profilers.simple import SimpleProfiler
 from gpulayer.trainer.strategies.precision import resolve_precision
 from gpulayer.trainer.strategies.strategy_names import check_strategy
 
@@ -28,6 +33,7 @@ Check = Callable[[str, Any, Mapping[str, Any]], Any]
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 CLIP_ALGORITHMS = ("norm", "value")
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
 _REFUSED = object()  # a check's ``none``: None is refused as any other wrong value is
 
 
@@ -236,9 +242,32 @@ def root_dir(name: str, value: Any, checked: Mapping[str, Any]) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(os.fspath(value))))
 
 
+def profiler(name: str, value: Any, checked: Mapping[str, Any]) -> Profiler | None:
+    """A ``Profiler``, or Lightning's names for one (any case), made here as Lightning's ``_init_profiler`` does."""
+    if value is None or isinstance(value, Profiler):
+        return value
+    if isinstance(value, str):
+        if value.startswith(("lightning.", "pytorch_lightning.")):  # a config's class_path, left unported
+            raise MisconfiguredValueError(
+                f"{name}={value!r}: Lightning's class; use gpulayer.trainer.{value.rsplit('.', 1)[-1]} (the same "
+                "arguments), or run gpulayer port on the config"
+            )
+        if value.lower() not in PROFILERS:
+            raise MisconfiguredValueError(
+                "When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+                f"{list(PROFILERS)}"
+            )
+        return PROFILERS[value.lower()]()
+    if is_lightnings(type(value)):
+        raise MisconfiguredTypeError(
+            f"profiler={value!r}: a Lightning profiler; use gpulayer.trainer.{type(value).__name__} (the same "
+            "arguments) or its name ('simple', 'advanced', 'pytorch')"
+        )
+    raise MisconfiguredTypeError(f"{name}={value!r}: accepted values are None, {list(PROFILERS)} or a Profiler")
+
+
 # Lightning 2.6 Trainer arguments GPUlayer does not adopt: each is refused by name, saying what to do instead.
 _UNADOPTED = {
-    "profiler": "GPUlayer has no profiler; wrap fit in torch.profiler.profile(...) yourself, or use benchmarks/",
     "plugins": "GPUlayer takes no plugins: precision= sets the precision, and the cluster environment (torchrun, "
     "Slurm) is detected; run your own script with gpulayer.runtime.launch() for anything else",
     "model_registry": "GPUlayer uploads nothing; save with ModelCheckpoint and upload the file yourself",

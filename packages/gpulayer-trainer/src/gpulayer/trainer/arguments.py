@@ -32,6 +32,7 @@ from gpulayer.trainer.exceptions import MisconfigurationException, Misconfigured
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.callback import Callback
+    from gpulayer.trainer.profilers.profiler import Profiler
     from gpulayer.trainer.strategies.strategy import Strategy
 
 
@@ -109,7 +110,7 @@ class TrainerArguments:
     reload_dataloaders_every_n_epochs: int = _trainer_property(0, checks.at_least(0), "Remake loaders every n epochs")
     sync_batchnorm: bool = _argument(False, checks.flag(), "Turn batch norms into SyncBatchNorm under DDP")
     enable_autolog_hparams: bool = _trainer_property(True, checks.flag(), "Log the hyperparameters to the loggers")
-    profiler: None = _argument(None, checks.unadopted, "Refused: GPUlayer has no profiler")
+    profiler: Profiler | None = _argument(None, checks.profiler, "'simple', 'advanced', 'pytorch' or a Profiler")
     plugins: None = _argument(None, checks.unadopted, "Refused: GPUlayer takes no plugins")
     model_registry: None = _argument(None, checks.unadopted, "Refused: GPUlayer uploads nothing")
     prefetch: bool = _argument(False, checks.flag(), "GPUlayer's: load the next batches on a background thread")
@@ -147,13 +148,14 @@ def _barebones(given: Mapping[str, Any]) -> dict[str, Any]:
         "num_sanity_val_steps": given["num_sanity_val_steps"] not in (None, 0),
         "fast_dev_run": given["fast_dev_run"] not in (False, 0),
         "detect_anomaly": given["detect_anomaly"],
+        "profiler": given["profiler"] is not None,
     }
     for name, on in turned_on.items():
         if on:
             error = MisconfiguredValueError(
                 f"barebones=True with {name}={given[name]!r}: barebones mode turns off everything that may cost "
-                "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection); "
-                f"drop {name} or barebones"
+                "speed (checkpoints, logging, the log line, the sanity check, fast_dev_run, anomaly detection, "
+                f"profiling); drop {name} or barebones"
             )
             error.argument = name
             raise error

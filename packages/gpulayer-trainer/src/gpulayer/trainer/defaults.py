@@ -152,6 +152,15 @@ _EQUIVALENTS = {
     "GradientAccumulationScheduler": "gpulayer.callbacks.GradientAccumulationScheduler",
     "BasePredictionWriter": "gpulayer.callbacks.BasePredictionWriter",
     "OnExceptionCheckpoint": "gpulayer.callbacks.OnExceptionCheckpoint",
+    "BaseFinetuning": "gpulayer.callbacks.BaseFinetuning",
+    "BackboneFinetuning": "gpulayer.callbacks.BackboneFinetuning",
+    "SpikeDetection": "gpulayer.callbacks.SpikeDetection",
+    "ModelPruning": "gpulayer.callbacks.ModelPruning",
+    "ThroughputMonitor": "gpulayer.callbacks.ThroughputMonitor",
+    "DeviceStatsMonitor": "gpulayer.callbacks.DeviceStatsMonitor",
+    "StochasticWeightAveraging": "gpulayer.callbacks.StochasticWeightAveraging",
+    "WeightAveraging": "gpulayer.callbacks.WeightAveraging",
+    "EMAWeightAveraging": "gpulayer.callbacks.EMAWeightAveraging",
 }
 
 

@@ -23,6 +23,7 @@ from gpulayer.trainer.core.hooks import Hooks
 from gpulayer.trainer.core.lightning_module import as_module
 from gpulayer.trainer.core.lightning_private import lightning_private
 from gpulayer.trainer.core.module import Module
+from gpulayer.trainer.core.profiled_hooks import ProfiledHooks
 from gpulayer.trainer.data.data import DataSource
 from gpulayer.trainer.defaults import default_callbacks, default_loggers
 from gpulayer.trainer.exceptions import MisconfiguredValueError
@@ -36,6 +37,8 @@ from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
 from gpulayer.trainer.loops.fit_loop import FitLoop
 from gpulayer.trainer.loops.stages import StageParts, run_stage
 from gpulayer.trainer.loops.transfer import BatchTransfer
+from gpulayer.trainer.profilers import attach as profiling
+from gpulayer.trainer.profilers.profiler import PassThroughProfiler, Profiler
 from gpulayer.trainer.states import TrainerFn, TrainerState
 from gpulayer.trainer.strategies.precision import Precision
 from gpulayer.trainer.strategies.strategy import Strategy
@@ -92,7 +95,7 @@ class Trainer(TrainerProperties):
         reload_dataloaders_every_n_epochs: int = 0,
         sync_batchnorm: bool = False,
         enable_autolog_hparams: bool = True,
-        profiler: None = None,
+        profiler: Profiler | str | None = None,
         plugins: None = None,
         model_registry: None = None,
         prefetch: bool = False,
@@ -121,8 +124,11 @@ class Trainer(TrainerProperties):
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
         self.ckpt_path: str | None = None
-        # The Trainer's parts, each built once and handed to the loops and stages that use it.
-        self._hooks = Hooks(self)
+        # The Trainer's parts, each built once and handed to the loops and stages that use it. With a profiler, the
+        # hooks and the loops' methods are the timed ones (profilers/attach.py); without, nothing is added.
+        self._profiler: Profiler = self.args.profiler or PassThroughProfiler()
+        profiled = not isinstance(self._profiler, PassThroughProfiler)
+        self._hooks = ProfiledHooks(self, self._profiler) if profiled else Hooks(self)
         self._metric_hub = MetricHub(self.runtime.all_reduce if self.world_size > 1 else None)
         self._parts = StageParts(
             hooks=self._hooks,
@@ -135,6 +141,7 @@ class Trainer(TrainerProperties):
         self.test_loop = EvaluationLoop(self, "test", **parts)
         self.predict_loop = EvaluationLoop(self, "predict", **parts)
         self.fit_loop = FitLoop(self, log_line=LogLine(self), val_loop=self.validate_loop, **parts)
+        profiling.attach(self)
 
     def __getattr__(self, name: str) -> Any:
         """Only for names the Trainer lacks: a Lightning-private one a known integration reads is answered

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpulayer.trainer.argument_checks import at_least
-from gpulayer.trainer.profiler import PassThroughProfiler
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerStatus
 from gpulayer.trainer.strategies.accelerators import accelerator_for
 from gpulayer.trainer.strategies.world import devices_per_node
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from gpulayer.trainer.core.module import Module
     from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
     from gpulayer.trainer.loops.fit_loop import FitLoop
+    from gpulayer.trainer.profilers.profiler import Profiler
     from gpulayer.trainer.states import TrainerState
     from gpulayer.trainer.strategies.precision import Precision
     from gpulayer.trainer.strategies.strategy import Strategy
@@ -180,9 +180,10 @@ class TrainerProperties:
         return {"num_replicas": self.world_size, "rank": self.global_rank} if self.strategy.is_distributed else None
 
     @property
-    def profiler(self) -> PassThroughProfiler:
-        """A profiler that profiles nothing (``profiler=`` is refused)."""
-        return _PROFILER
+    def profiler(self) -> Profiler:
+        """The ``profiler=`` given (``"simple"``, ``"advanced"`` and ``"pytorch"`` made into one), else a
+        ``PassThroughProfiler``, which records nothing."""
+        return self._profiler
 
     @property
     def progress_bar_callback(self) -> None:
@@ -250,9 +251,6 @@ class TrainerProperties:
             self.state.stage = stage
         elif self.state.stage == stage:
             self.state.stage = None
-
-
-_PROFILER = PassThroughProfiler()
 
 
 def _one_or_all(loaders: list[Any] | None) -> Any:

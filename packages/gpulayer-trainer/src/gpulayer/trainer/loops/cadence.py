@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from gpulayer.trainer.core.optimizers import next_due_count
+from gpulayer.trainer.exceptions import MisconfiguredValueError
 
 if TYPE_CHECKING:
     from gpulayer.trainer.arguments import TrainerArguments
@@ -34,6 +35,28 @@ if TYPE_CHECKING:
 
 # A clock rule is read a little early rather than a batch late: a rule asked too early does nothing.
 _CLOCK_MARGIN_S = 1e-6
+
+
+def val_check_batch(args: TrainerArguments, max_batches: int | float) -> int | float | None:
+    """Validation every how many training batches, by ``val_check_interval``: None for a time (validation by the
+    clock), ``inf`` at the end of an epoch of unknown length; Lightning's refusals."""
+    interval = args.val_check_interval
+    if isinstance(interval, timedelta):
+        return None
+    if isinstance(interval, int):
+        if interval > max_batches and args.check_val_every_n_epoch is not None and args.limit_val_batches != 0:
+            raise ValueError(
+                f"val_check_interval={interval} is more than the {max_batches} training batches of an epoch; "
+                "set check_val_every_n_epoch=None to count batches across epochs, or limit_val_batches=0"
+            )
+        return interval
+    if max_batches == math.inf:
+        if interval != 1.0:
+            raise MisconfiguredValueError(
+                f"val_check_interval={interval!r}: a loader without a length needs 1.0 or an int"
+            )
+        return math.inf
+    return max(1, int(max_batches * interval))
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class EvaluationLoop:
         self.logged_batches: list[int] = []
         self.loaded_at: float = -math.inf
         self.warned_none = False  # Lightning's predict loop warns of a None prediction once per Trainer
+        self.iterate = iter  # a loader's batches; a profiler times each fetch (profilers/attach.py)
         # Predict only, with the names of Lightning's _PredictionLoop, which prediction writers read. The outputs are
         # kept when returned or written at the epoch's end; the batch indices only while a writer writes.
         self.return_predictions = True
@@ -181,7 +182,7 @@ class EvaluationLoop:
             idx = loader_idx if several else None
             set_sampler_epoch(loader, trainer.fit_loop.progress.epochs_processed)
             recorder = self._recorder(loader) if predicting and any(self._writes) else None
-            iterator = iter(loader)
+            iterator = self.iterate(loader)
             if trainer.world_size > 1 and not predicting and not has_length(loader):
                 iterator = stop_together(iterator, trainer.runtime)
             for batch_idx, batch, _ in batches(iterator, count):

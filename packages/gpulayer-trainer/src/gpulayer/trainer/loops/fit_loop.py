@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,10 +37,10 @@ from gpulayer.trainer.data.data import (
     warn_too_few_batches_to_log,
 )
 from gpulayer.trainer.data.samplers import sampled
-from gpulayer.trainer.exceptions import MisconfiguredValueError, PossibleUserWarning
 from gpulayer.trainer.logging.results import ResultCollection
-from gpulayer.trainer.loops.cadence import Cadence, CadenceRules
-from gpulayer.trainer.loops.progress import Progress
+from gpulayer.trainer.loops.cadence import Cadence, CadenceRules, val_check_batch
+from gpulayer.trainer.loops.optimization import ForwardOnly
+from gpulayer.trainer.loops.progress import Progress, fit_limits
 from gpulayer.trainer.loops.sync_decisions import SyncDecisions
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ class FitLoop:
         self.val_loop, self.transfer = val_loop, transfer
         self.results = ResultCollection(training=True)
         self.source: DataSource | None = None
-        self.optimization: AutomaticOptimization | ManualOptimization | None = None
+        self.optimization: AutomaticOptimization | ManualOptimization | ForwardOnly | None = None
         self.progress = Progress()
         self.loader: Any = None
         self.shape: Any = None  # puts each batch in the container the loader came in (``[loader]``: ``[batch]``)
@@ -102,25 +101,24 @@ class FitLoop:
         """The train data of the next ``fit``."""
         self.source, self.loader = source, None
 
+    @property
+    def _skip_backward(self) -> bool:
+        """Lightning's flag, which its SWA sets for the batch-norm epoch: training batches run ``training_step``
+        alone (``ForwardOnly``). It swaps what runs a batch, so a fit that never sets it pays nothing per step; under
+        manual optimization ``training_step`` runs its own backward and steps, as in Lightning."""
+        return isinstance(self.optimization, ForwardOnly)
+
+    @_skip_backward.setter
+    def _skip_backward(self, skip: bool) -> None:
+        if skip and not (self.optimization.manual or self._skip_backward):
+            self.optimization = ForwardOnly(self.optimization)
+        elif not skip and self._skip_backward:
+            self.optimization = self.optimization.optimization
+
     # ---- limits ------------------------------------------------------------------------------------------------
     def resolve_limits(self) -> None:
         """Lightning resolves ``max_epochs``/``min_epochs`` at the start of ``fit``."""
-        args = self.args
-        if args.max_epochs is None:
-            if args.max_steps == -1 and args.max_time is None:
-                warnings.warn(
-                    "max_epochs was not set: training stops after 1000 epochs. Set max_epochs=-1 to train without "
-                    "an epoch limit.",
-                    PossibleUserWarning,
-                    stacklevel=4,
-                )
-                self.max_epochs = 1000
-            else:
-                self.max_epochs = -1
-        else:
-            self.max_epochs = args.max_epochs
-        self.min_epochs = args.min_epochs if args.min_epochs is not None else (1 if args.min_steps is not None else 0)
-        self.step_limit = math.inf if args.max_steps == -1 else args.max_steps
+        self.max_epochs, self.min_epochs, self.step_limit = fit_limits(self.args)
 
     def can_stop_early(self) -> bool:
         min_steps, progress = self.args.min_steps, self.progress
@@ -153,26 +151,9 @@ class FitLoop:
         if self.max_batches == 0:
             return
         self.loaded_at_epoch = self.progress.epochs_completed
-        interval = args.val_check_interval
-        if isinstance(interval, timedelta):
-            self.val_check_batch = None
-            if not reload:  # the clock runs on across a reload
-                self.last_val_time = time.monotonic()
-        elif isinstance(interval, int):
-            self.val_check_batch = interval
-            if interval > self.max_batches and args.check_val_every_n_epoch is not None and args.limit_val_batches != 0:
-                raise ValueError(
-                    f"val_check_interval={interval} is more than the {self.max_batches} training batches of an epoch; "
-                    "set check_val_every_n_epoch=None to count batches across epochs, or limit_val_batches=0"
-                )
-        elif self.max_batches == math.inf:
-            if interval != 1.0:
-                raise MisconfiguredValueError(
-                    f"val_check_interval={interval!r}: a loader without a length needs 1.0 or an int"
-                )
-            self.val_check_batch = math.inf
-        else:
-            self.val_check_batch = max(1, int(self.max_batches * interval))
+        self.val_check_batch = val_check_batch(args, self.max_batches)
+        if self.val_check_batch is None and not reload:  # a time: the clock runs on across a reload
+            self.last_val_time = time.monotonic()
         if self.max_batches < args.log_every_n_steps and trainer.loggers and not args.fast_dev_run:
             warn_too_few_batches_to_log(self.max_batches, args.log_every_n_steps, trainer.is_global_zero)
 
@@ -259,7 +240,7 @@ class FitLoop:
             progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
             # The rest of the resumed batch's rules read the plan.
             self.cadence.start_epoch(progress.batch_idx, self.max_batches, self.val_check_batch, self.last_val_time)
-            if resume["phase"] != "stopped":  # a run max_steps stopped had finished the batch
+            if resume["phase"] not in ("stopped", "step"):  # the batch had finished, or it runs again
                 self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1, self.last_val_time)
         if self.shape is not None:
@@ -293,7 +274,7 @@ class FitLoop:
         """One training batch: the step and its counters, and the per-batch rules at a batch the cadence planned, or
         where a stop, a SIGTERM or a clock rule is due. True when the epoch ends with it."""
         progress, hub, cadence, decided = self.progress, self.hub, self.cadence, self.decided
-        progress.phase = "batch"
+        progress.phase = "step"  # until the step ends: a checkpoint written before then runs this batch again
         hub.on_batch_start(batch)
         if batch is None:
             return self._skip_step(batch_idx)
@@ -302,6 +283,7 @@ class FitLoop:
             return True
         accumulate = cadence.accumulating and cadence.accumulates()
         outputs, loss = self.optimization.run(batch, batch_idx, accumulate)
+        progress.phase = "batch"
         clock_due = cadence.clocks and cadence.clock_due <= time.monotonic()
         if planned or decided.should_stop or decided.received_sigterm or clock_due:
             return self._run_rules(outputs, loss, batch, batch_idx, accumulate)
@@ -320,6 +302,7 @@ class FitLoop:
         if not self._warned_none and self.trainer.is_global_zero:
             warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...", stacklevel=4)
         self._warned_none = True
+        self.progress.phase = "batch"
         return self._run_rules(None, None, None, batch_idx, self.cadence.accumulates())
 
     def _run_rules(self, outputs: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, accumulate: bool) -> bool:

@@ -157,6 +157,31 @@ class AutomaticOptimization:
         )
 
 
+class ForwardOnly:
+    """What the fit loop runs batches with while ``fit_loop._skip_backward`` is set (SWA's batch-norm epoch):
+    ``training_step`` alone, with no zero-grad, backward or optimizer step, so ``global_step`` stays. Lightning 2.6
+    still steps the optimizer at such an epoch's last batch, with the gradients the last backward left; here nothing is stepped, as its SWA callback means to."""
+
+    manual = False
+    steps_schedulers = True
+
+    def __init__(self, optimization: AutomaticOptimization) -> None:
+        self.optimization = optimization
+
+    def run(self, batch: Any, batch_idx: int, accumulate: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
+        """``training_step`` on ``batch``, inside ``no_sync`` (no backward follows); returns what ``run`` returns."""
+        opt = self.optimization
+        step_args = (batch, batch_idx)[: opt._step_arity]
+        with opt._no_sync(), contextlib.nullcontext() if opt._step_context is None else opt._step_context():
+            output = opt._training_step(*step_args)
+        step_loss, extra = (output, {}) if isinstance(output, torch.Tensor) else opt._split(output)
+        if not opt._returns_outputs:
+            return None, step_loss
+        window = opt.loop.cadence.window
+        loss = step_loss if step_loss is None or window == 1 else step_loss / window
+        return ({} if loss is None else {"loss": loss.detach(), **extra}), step_loss
+
+
 def training_step_arity(module: Module) -> int:
     """How many of ``(batch, batch_idx)`` ``training_step`` is called with, under either optimization: 2, or 1 for a
     step that does not take ``batch_idx`` (Lightning's rule, ``takes_batch_idx``). A slice, not a call, per step."""

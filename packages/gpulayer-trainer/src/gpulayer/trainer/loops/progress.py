@@ -1,9 +1,17 @@
-"""``Progress``: where a ``fit`` is, in Lightning's counters, and how a checkpoint saves and restores it."""
+"""``Progress``: where a ``fit`` is, in Lightning's counters, and how a checkpoint saves and restores it; and
+``fit_limits``, the counts at which it stops."""
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gpulayer.trainer.exceptions import PossibleUserWarning
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.arguments import TrainerArguments
 
 
 @dataclass
@@ -66,4 +74,28 @@ class Progress:
         self.batches_that_stepped = state["batches_that_stepped"]
         self.total_batches = state["total_batches"]
         self.data_snapshots = dict(state["data_snapshots"])
+        if (
+            state["phase"] == "step"
+        ):  # saved inside a batch's step (an exception): the batch runs again, as in Lightning
+            self.total_batches -= 1
+            return {**state, "batch_idx": state["batch_idx"] - 1}
         return state if state["phase"] in ("batch", "validation", "stopped") else None
+
+
+def fit_limits(args: TrainerArguments) -> tuple[int, int, int | float]:
+    """``(max_epochs, min_epochs, step_limit)`` of a ``fit``, as Lightning resolves them at its start: no limit at all
+    is 1000 epochs (with its warning), ``max_steps=-1`` no step limit."""
+    if args.max_epochs is not None:
+        max_epochs = args.max_epochs
+    elif args.max_steps == -1 and args.max_time is None:
+        warnings.warn(
+            "max_epochs was not set: training stops after 1000 epochs. Set max_epochs=-1 to train without "
+            "an epoch limit.",
+            PossibleUserWarning,
+            stacklevel=5,
+        )
+        max_epochs = 1000
+    else:
+        max_epochs = -1
+    min_epochs = args.min_epochs if args.min_epochs is not None else (1 if args.min_steps is not None else 0)
+    return max_epochs, min_epochs, math.inf if args.max_steps == -1 else args.max_steps

@@ -40,6 +40,7 @@ from gpulayer.trainer.loops import process_settings
 from gpulayer.trainer.loops.manual_optimization import ManualOptimization
 from gpulayer.trainer.loops.optimization import AutomaticOptimization
 from gpulayer.trainer.loops.preemption import sigterm_noted
+from gpulayer.trainer.profilers import attach as profiling
 from gpulayer.trainer.states import FIRST_STAGE, TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def _tear_down(trainer: Trainer, stage: str, parts: StageParts, datamodule: Data
     hooks.callbacks("teardown", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it
     hooks.module("teardown", stage=trainer.state.fn)
     trainer.lightning_module._forget_metric_attributes()
+    trainer.profiler.describe()  # the stage's report, last, as Lightning's _call_teardown_hook
 
 
 def _call_datamodule_hook(datamodule: DataModule, name: str, *args: Any, **kwargs: Any) -> None:
@@ -251,6 +253,7 @@ def _set_up(
     hooks, hub = parts.hooks, parts.hub
     _prepare_data(trainer, module, datamodule, hooks)
     parts.logger_rows.set_up()
+    profiling.set_up(trainer, module)  # once the log folder is settled: a report may go there
     if datamodule is not None:
         _call_datamodule_hook(datamodule, "setup", stage=trainer.state.fn)
     hooks.callbacks("setup", stage=trainer.state.fn)  # a TrainerFn, by keyword, as Lightning passes it

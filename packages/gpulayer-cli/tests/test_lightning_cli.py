@@ -402,12 +402,27 @@ SHORT_NAMES = {
     "LambdaCallback": [],
     "GradientAccumulationScheduler": ["--trainer.callbacks.scheduling={0: 2, 1: 1}"],
     "OnExceptionCheckpoint": ["--trainer.callbacks.dirpath=crashes"],
+    "BackboneFinetuning": ["--trainer.callbacks.unfreeze_backbone_at_epoch=2"],
+    "StochasticWeightAveraging": ["--trainer.callbacks.swa_lrs=0.01"],
+    "WeightAveraging": [],
+    "EMAWeightAveraging": ["--trainer.callbacks.decay=0.99"],
+    "SpikeDetection": ["--trainer.callbacks.window=5"],
+    "ModelPruning": ["--trainer.callbacks.pruning_fn=l1_unstructured", "--trainer.callbacks.amount=0.3"],
+    "ThroughputMonitor": ["--trainer.callbacks.batch_size_fn=builtins.len"],
+    "DeviceStatsMonitor": [],
 }
 # The Trainer's own Timer (its max_time) lives in gpulayer.trainer, which gpulayer.callbacks re-exports: a saved config
 # names the class where it is defined, and loads from either path.
 SAVED_AS = {"Timer": "gpulayer.trainer.loops.timer.Timer"}
 
 
+# Dumped values jsonargparse cannot write as YAML, with its warning under both frameworks: `device=torch.device("cpu")`.
+# Lightning's ModelPruning also writes its `pruning_fn` string that way (its type tries Callable first); GPUlayer's
+# writes the string.
+UNSERIALIZABLE = {"ModelPruning": "pruning_fn"}
+
+
+@pytest.mark.filterwarnings(r"ignore:\s*Unable to serialize instance cpu:UserWarning")
 @pytest.mark.parametrize("name", SHORT_NAMES)
 def test_each_adopted_callback_resolves_by_its_short_name(project, base, capsys, name):
     args = ["fit", "--config", "base.yaml", f"--trainer.callbacks+={name}", *SHORT_NAMES[name], "--print_config"]
@@ -417,6 +432,12 @@ def test_each_adopted_callback_resolves_by_its_short_name(project, base, capsys,
             project(framework, args)
         printed.append(_config(capsys.readouterr().out))
     (ours,), (theirs,) = printed[0]["trainer"]["callbacks"], printed[1]["trainer"]["callbacks"]
+    if name in UNSERIALIZABLE:
+        key = UNSERIALIZABLE[name]
+        assert (ours["init_args"].pop(key), theirs["init_args"].pop(key)) == (
+            "l1_unstructured",
+            "Unable to serialize instance l1_unstructured",
+        )
     assert ours["init_args"] == theirs["init_args"]
     assert (ours["class_path"], theirs["class_path"]) == (SAVED_AS.get(name, f"CALLBACKS.{name}"), f"CALLBACKS.{name}")
 

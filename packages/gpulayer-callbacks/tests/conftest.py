@@ -1,5 +1,7 @@
 """What the differential callback tests share: Lightning's and GPUlayer's classes side by side."""
 
+import contextlib
+import logging
 import warnings
 from types import SimpleNamespace
 
@@ -49,3 +51,21 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@contextlib.contextmanager
+def info_messages(logger_name: str):
+    """The INFO messages of one logger, whatever level other tests left its parents at (Lightning's loggers do not
+    propagate to pytest's caplog)."""
+    messages = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

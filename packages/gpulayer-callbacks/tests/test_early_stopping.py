@@ -2,7 +2,6 @@
 point with the same counters, per-check trace, verbose messages, state and checkpointed state."""
 
 import contextlib
-import logging
 import math
 import warnings
 from datetime import timedelta
@@ -16,7 +15,7 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from gpulayer.callbacks.model_checkpoint import ModelCheckpoint
 
-from .conftest import frameworks
+from .conftest import frameworks, info_messages
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -116,23 +115,6 @@ def _lightning_quiet(name):
         yield
 
 
-@contextlib.contextmanager
-def _info_messages(logger_name):
-    """The INFO messages of one logger (Lightning's loggers do not propagate to pytest's caplog)."""
-    messages = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
 def _plain_state(state):
     best = state["best_score"]
     return state | {"best_score": (type(best).__name__, best.dtype, float(best))}
@@ -154,7 +136,7 @@ def _fit(name, root, values, *, stopper=None, trainer=None, module=None, save_at
         "default_root_dir": root / name,
         "callbacks": [early_stopping, probe],
     }
-    with _lightning_quiet(name), _info_messages(framework.log_name) as messages:
+    with _lightning_quiet(name), info_messages(framework.log_name) as messages:
         run = framework.Trainer(**options | framework.options | (trainer or {}))
         model = _scripted_module(framework, values, **module)
         run.fit(model, _loader(8), _loader(2) if validate else None, ckpt_path=ckpt_path)
@@ -372,10 +354,10 @@ def test_no_check_outside_fit(tmp_path, stage):
 def test_verbose_messages_carry_the_rank_prefix_of_lightning(rank, world_size, log_rank_zero_only):
     trainer = SimpleNamespace(global_rank=rank, world_size=world_size)
     logged = []
-    with _info_messages(FRAMEWORKS["lightning"].log_name) as messages:
+    with info_messages(FRAMEWORKS["lightning"].log_name) as messages:
         LightningEarlyStopping._log_info(trainer, "message", log_rank_zero_only)
     logged.append(messages)
-    with _info_messages(FRAMEWORKS["gpulayer"].log_name) as messages:
+    with info_messages(FRAMEWORKS["gpulayer"].log_name) as messages:
         EarlyStopping("val_loss", log_rank_zero_only=log_rank_zero_only)._log_info(trainer, "message")
     logged.append(messages)
     assert logged[0] == logged[1]

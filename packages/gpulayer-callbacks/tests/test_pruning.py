@@ -3,8 +3,6 @@ same weights at the same epochs under both frameworks, leaving the same weights 
 the same checkpoint (masks applied under ``make_pruning_permanent``), and refuse the same bad arguments with
 Lightning's messages."""
 
-import contextlib
-import logging
 import warnings
 
 import pytest
@@ -15,15 +13,17 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer.trainer as gl
 from gpulayer.callbacks.pruning import ModelPruning
 
-from .conftest import frameworks
+from .conftest import frameworks, info_messages
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from lightning.pytorch.callbacks import ModelPruning as LightningModelPruning
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-FRAMEWORKS = frameworks(ModelPruning=(LightningModelPruning, ModelPruning))
-PRUNING_LOGGERS = {"lightning": "lightning.pytorch.callbacks.pruning", "gpulayer": "gpulayer.callbacks.pruning"}
+FRAMEWORKS = frameworks(
+    ModelPruning=(LightningModelPruning, ModelPruning),
+    log_name=("lightning.pytorch.callbacks.pruning", "gpulayer.callbacks.pruning"),
+)
 
 
 def _module(framework):
@@ -55,22 +55,6 @@ def _loader():
     return DataLoader(data, batch_size=2)
 
 
-@contextlib.contextmanager
-def _pruning_lines(name):
-    """The lines the framework's pruning logger emits, whatever level other tests left its parents at."""
-    logger = logging.getLogger(PRUNING_LOGGERS[name])
-    lines = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())
-    level, logger.level = logger.level, logging.INFO
-    logger.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
 def _fit(name, root, options, *, layers=None):
     """Weights and masks after ``fit``, the pruning log lines, and the checkpoint of the last epoch's end."""
     framework = FRAMEWORKS[name]
@@ -80,7 +64,7 @@ def _fit(name, root, options, *, layers=None):
     callback = framework.ModelPruning(**options)
     trainer_options = {"accelerator": "cpu", "max_epochs": 3, "logger": False, "num_sanity_val_steps": 1}
     trainer_options |= {"default_root_dir": root, "callbacks": [callback]}
-    with warnings.catch_warnings(), _pruning_lines(name) as lines:
+    with warnings.catch_warnings(), info_messages(framework.log_name) as lines:
         warnings.simplefilter("ignore")
         trainer = framework.Trainer(**trainer_options | framework.options)
         trainer.fit(model, _loader(), _loader())

@@ -3,8 +3,6 @@ clock that moves only when a step runs (1 s per training step, 0.25 s per valida
 a known step: where training stopped, the weights, each stage's times, the state and its checkpoint, the verbose
 message, and Lightning's errors. Two gloo ranks whose clocks differ stop at the same step."""
 
-import contextlib
-import logging
 import time
 import warnings
 from datetime import timedelta
@@ -17,7 +15,7 @@ import gpulayer.trainer as gl
 from gpulayer.callbacks import Timer
 from gpulayer.runtime.testing import run_ranks
 
-from .conftest import FakeClock, frameworks
+from .conftest import FakeClock, frameworks, info_messages
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -81,23 +79,6 @@ def _saver(framework, path, epoch):
     return Saver()
 
 
-@contextlib.contextmanager
-def _info_messages(logger_name):
-    """The INFO messages of one logger (Lightning's loggers do not propagate to pytest's caplog)."""
-    messages = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
 def _since_origin(value):
     return None if value is None else value - ORIGIN
 
@@ -129,7 +110,7 @@ def _run(name, root, clock, *, timer=None, trainer=None, save_at=None, ckpt_path
         "callbacks": callbacks,
     }
     model = _module(framework, clock)
-    with warnings.catch_warnings(), _info_messages(framework.log_name) as messages:
+    with warnings.catch_warnings(), info_messages(framework.log_name) as messages:
         warnings.simplefilter("ignore")
         run = framework.Trainer(**options | framework.options | (trainer or {}))
         run.fit(model, _loader(16), _loader(4), ckpt_path=ckpt_path)
@@ -187,7 +168,7 @@ def test_max_time_beside_a_timer_is_ignored_with_lightnings_message(tmp_path, cl
     logged = {}
     for name, framework in FRAMEWORKS.items():
         logger = "gpulayer.trainer.defaults" if name == "gpulayer" else framework.log_name
-        with warnings.catch_warnings(), _info_messages(logger) as messages:
+        with warnings.catch_warnings(), info_messages(logger) as messages:
             warnings.simplefilter("ignore")
             trainer = framework.Trainer(
                 callbacks=[framework.Timer()], max_time={"hours": 1}, logger=False, default_root_dir=tmp_path

@@ -49,12 +49,12 @@ class DeviceStatsMonitor(Callback):
 
     @follows_cadence
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if _training_logs(trainer):
+        if trainer.cadence.updates_logs(trainer.should_stop):
             self._log(trainer, "on_train_batch_start")
 
     @follows_cadence
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if _training_logs(trainer):
+        if trainer.cadence.updates_logs(trainer.should_stop):
             self._log(trainer, "on_train_batch_end")
 
     def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -99,8 +99,3 @@ class DeviceStatsMonitor(Callback):
             logger.log_metrics(
                 {f"{prefix}{separator}{k}": v for k, v in stats.items()}, step=trainer.cadence.logger_step
             )
-
-
-def _training_logs(trainer: Any) -> bool:
-    """Lightning's ``should_update_logs`` in training: the batch that steps next is a log step, or a stop is set."""
-    return bool(trainer.log_every_n_steps) and (trainer.cadence.is_log_step() or trainer.should_stop)

@@ -65,8 +65,7 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "epoch":
             return
-        # Lightning's should_update_logs before a batch: a log step by count, or a stop (none without log steps).
-        if trainer.log_every_n_steps and (trainer.cadence.is_log_step() or trainer.should_stop):
+        if trainer.cadence.updates_logs(trainer.should_stop):
             self._log(trainer, pl_module, "step" if self.logging_interval is None else "any")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:

@@ -93,9 +93,7 @@ class ThroughputMonitor(Callback):
             return
         self._update(trainer, pl_module, batch, RunningStage.TRAINING)
         # Only a batch that steps is measured whole (its optimizer step included), so only such a batch logs.
-        if trainer.cadence.accumulates() or not trainer.log_every_n_steps:
-            return
-        if trainer.cadence.is_log_step() or trainer.should_stop:
+        if not trainer.cadence.accumulates() and trainer.cadence.updates_logs(trainer.should_stop):
             self._log(trainer, RunningStage.TRAINING, None)
 
     # ---- evaluation -------------------------------------------------------------------------------------------

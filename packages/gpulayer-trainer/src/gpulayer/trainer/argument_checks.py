@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.core.lightning_classes import is_lightnings
+from gpulayer.trainer.core.lightning_classes import is_lightning_path, is_lightnings
 from gpulayer.trainer.defaults import callback_list
 from gpulayer.trainer.exceptions import MisconfiguredTypeError, MisconfiguredValueError
 from gpulayer.trainer.logging.logger import logger_list
@@ -247,7 +247,7 @@ def profiler(name: str, value: Any, checked: Mapping[str, Any]) -> Profiler | No
     if value is None or isinstance(value, Profiler):
         return value
     if isinstance(value, str):
-        if value.startswith(("lightning.", "pytorch_lightning.")):  # a config's class_path, left unported
+        if "." in value and is_lightning_path(value):  # a config's class_path, left unported
             raise MisconfiguredValueError(
                 f"{name}={value!r}: Lightning's class; use gpulayer.trainer.{value.rsplit('.', 1)[-1]} (the same "
                 "arguments), or run gpulayer port on the config"

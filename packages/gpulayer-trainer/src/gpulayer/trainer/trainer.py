@@ -141,7 +141,8 @@ class Trainer(TrainerProperties):
         self.test_loop = EvaluationLoop(self, "test", **parts)
         self.predict_loop = EvaluationLoop(self, "predict", **parts)
         self.fit_loop = FitLoop(self, log_line=LogLine(self), val_loop=self.validate_loop, **parts)
-        profiling.attach(self)
+        if profiled:
+            profiling.attach(self)
 
     def __getattr__(self, name: str) -> Any:
         """Only for names the Trainer lacks: a Lightning-private one a known integration reads is answered

@@ -156,7 +156,7 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
         )
     for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
         strategy.load_optimizer_state_dict(optimizer, state)
-    # None: a callback cleared them in on_fit_start to rebuild its own from its state (Lightning's SWA).
+    # No configs: a callback cleared them in on_fit_start to rebuild its own from its state (Lightning's SWA).
     schedulers = checkpoint["lr_schedulers"] if trainer.lr_scheduler_configs else []
     for config, state in zip(trainer.lr_scheduler_configs, schedulers, strict=True):
         config.scheduler.load_state_dict(state)

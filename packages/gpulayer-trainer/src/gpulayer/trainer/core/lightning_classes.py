@@ -6,7 +6,12 @@ from __future__ import annotations
 
 def is_lightnings(kind: type) -> bool:
     """Whether the class ``kind`` is defined in Lightning (either distribution), not built on it elsewhere."""
-    return kind.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+    return is_lightning_path(kind.__module__)
+
+
+def is_lightning_path(dotted: str) -> bool:
+    """Whether the dotted name (a module, or a config's ``class_path``) is in Lightning, either distribution."""
+    return dotted.split(".")[0] in ("lightning", "pytorch_lightning")
 
 
 def lightning_modules(path: str) -> tuple[str, str]:

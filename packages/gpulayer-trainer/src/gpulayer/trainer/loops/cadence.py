@@ -180,6 +180,11 @@ class Cadence:
         which counts the batch about to run, accumulating or not."""
         return self._progress.batches_that_stepped + 1 == self.log_at
 
+    def updates_logs(self, should_stop: bool) -> bool:
+        """Lightning's ``should_update_logs`` around a training batch: a log step by count, or a stop is set; never
+        with ``log_every_n_steps=0``. The callbacks that log at log steps ask this."""
+        return bool(self.rules.log_every_n_steps) and (self.is_log_step() or should_stop)
+
     def is_sync_point(self) -> bool:
         """Where the ranks combine decisions: a batch that steps and is a log step, or the epoch's last batch (every
         batch that steps under ``fast_dev_run``)."""

@@ -160,7 +160,8 @@ class AutomaticOptimization:
 class ForwardOnly:
     """What the fit loop runs batches with while ``fit_loop._skip_backward`` is set (SWA's batch-norm epoch):
     ``training_step`` alone, with no zero-grad, backward or optimizer step, so ``global_step`` stays. Lightning 2.6
-    still steps the optimizer at such an epoch's last batch, with the gradients the last backward left; here nothing is stepped, as its SWA callback means to."""
+    still steps the optimizer at such an epoch's last batch, with the gradients the last backward left; here nothing
+    is stepped, as its SWA callback means to."""
 
     manual = False
     steps_schedulers = True

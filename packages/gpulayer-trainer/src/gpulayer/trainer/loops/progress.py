@@ -74,9 +74,8 @@ class Progress:
         self.batches_that_stepped = state["batches_that_stepped"]
         self.total_batches = state["total_batches"]
         self.data_snapshots = dict(state["data_snapshots"])
-        if (
-            state["phase"] == "step"
-        ):  # saved inside a batch's step (an exception): the batch runs again, as in Lightning
+        # Saved inside a batch's step (an exception in it): that batch runs again, as in Lightning.
+        if state["phase"] == "step":
             self.total_batches -= 1
             return {**state, "batch_idx": state["batch_idx"] - 1}
         return state if state["phase"] in ("batch", "validation", "stopped") else None

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpulayer.trainer.profilers.profiler import PassThroughProfiler, Profiler
+from gpulayer.trainer.profilers.profiler import Profiler
 
 if TYPE_CHECKING:
     from gpulayer.trainer.core.module import Module
@@ -94,10 +94,8 @@ class _OptimizationTimed:
 
 
 def attach(trainer: Trainer) -> None:
-    """Wrap the loops' methods of a Trainer given a profiler (``trainer.profiler`` is not a pass-through)."""
+    """Wrap the loops' methods of a Trainer given a profiler (the Trainer calls this only then)."""
     profiler = trainer.profiler
-    if isinstance(profiler, PassThroughProfiler):
-        return
     fit_loop = trainer.fit_loop
     fit_loop.run_epoch = Timed(profiler, "run_training_epoch", fit_loop.run_epoch)
     fit_loop.run = _OptimizationTimed(trainer, fit_loop.run)

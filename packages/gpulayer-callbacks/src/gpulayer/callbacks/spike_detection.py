@@ -73,6 +73,14 @@ class SpikeDetection(Callback):
         self._weights: torch.Tensor | None = None
         self._seen = 0
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """The file a spike's batches go to: ``skip_batches.json`` in ``default_root_dir`` or in the folder given, or
+        the ``.json`` file given (Lightning works it out at every batch; it is the same for the whole run)."""
+        if self.exclude_batches_path is None:
+            self.exclude_batches_path = os.path.join(trainer.default_root_dir, "skip_batches.json")
+        if not str(self.exclude_batches_path).endswith(".json"):
+            self.exclude_batches_path = os.path.join(self.exclude_batches_path, "skip_batches.json")
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if isinstance(outputs, torch.Tensor):
             loss = outputs.detach()
@@ -80,11 +88,6 @@ class SpikeDetection(Callback):
             loss = outputs["loss"].detach()
         else:
             raise TypeError(f"outputs have to be of type torch.Tensor or Mapping, got {type(outputs).__qualname__}")
-        if self.exclude_batches_path is None:
-            self.exclude_batches_path = os.path.join(trainer.default_root_dir, "skip_batches.json")
-        if not str(self.exclude_batches_path).endswith(".json"):
-            self.exclude_batches_path = os.path.join(self.exclude_batches_path, "skip_batches.json")
-
         strategy = trainer.strategy
         finite_here = True
         if batch_idx >= self.warmup:

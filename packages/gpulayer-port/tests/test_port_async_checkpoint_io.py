@@ -43,6 +43,12 @@ def _ported(source: str) -> tuple[str, list[str]]:
             "DDPStrategy(async_save=True)",
         ),
         ('"single_device"', "[AsyncCheckpointIO(checkpoint_io=None)]", "SingleDeviceStrategy(async_save=True)"),
+        ('"ddp_spawn"', "[AsyncCheckpointIO()]", 'DDPStrategy(start_method="spawn", async_save=True)'),
+        (
+            '"ddp_notebook_find_unused_parameters_true"',
+            "[AsyncCheckpointIO()]",
+            'DDPStrategy(find_unused_parameters=True, start_method="fork", async_save=True)',
+        ),
     ],
 )
 def test_a_named_strategy_becomes_gpulayers_with_async_save_and_the_plugin_goes_with_its_import(

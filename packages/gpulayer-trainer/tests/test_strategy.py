@@ -143,3 +143,41 @@ def test_two_ranks_answer_lightnings_calls_from_a_modules_hooks():
         assert answers["sync_grads"] == [2.0]  # each rank's input feeds the sum on both ranks
         assert answers["model_after_fit"] == "DistributedDataParallel"
         assert answers["model_after_stage"] == "_CallsTheStrategy"  # the wrapper is dropped when the stage ends
+
+
+def test_lightnings_ddp_names_start_their_ranks_as_lightnings_registry_says(tmp_path):
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    names = [
+        name
+        for name in StrategyRegistry.available_strategies()
+        if name.startswith("ddp") and "xla" not in name and "sharded" not in name
+    ]
+    assert {"ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_notebook_find_unused_parameters_true"} <= set(names)
+    for name in names:
+        lightnings = StrategyRegistry[name]["init_params"]
+        strategy = gl.Trainer(
+            accelerator="cpu", strategy=name, devices=1, logger=False, default_root_dir=tmp_path
+        ).strategy
+        assert isinstance(strategy, gl.DDPStrategy), name
+        assert strategy.start_method == lightnings.get("start_method", "popen"), name
+        assert strategy.find_unused_parameters == lightnings.get("find_unused_parameters", False), name
+
+
+def test_a_start_method_gpulayer_does_not_adopt_is_refused_naming_the_accepted_ones():
+    with pytest.raises(ValueError, match=r"start_method='forkserver'\): accepted values are 'popen', 'spawn', 'fork'"):
+        gl.DDPStrategy(start_method="forkserver")
+
+
+def test_the_caller_of_started_ranks_answers_as_lightnings_before_any_call(tmp_path):
+    import lightning.pytorch as L
+
+    answers = []
+    for trainer_class in (gl.Trainer, L.Trainer):
+        trainer = trainer_class(
+            accelerator="cpu", strategy="ddp_fork", devices=2, logger=False, default_root_dir=tmp_path
+        )
+        answers.append(
+            (trainer.world_size, trainer.global_rank, trainer.num_devices, trainer.distributed_sampler_kwargs)
+        )
+    assert answers[0] == answers[1] == (2, 0, 2, {"num_replicas": 2, "rank": 0})

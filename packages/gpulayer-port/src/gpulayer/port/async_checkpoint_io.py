@@ -19,11 +19,17 @@ import libcst as cst
 
 from gpulayer.port import registry
 
-_NAMED = {  # strategy= names, as GPUlayer reads them (any case): its class and the arguments the name implies
+# strategy= names, as GPUlayer reads them (any case): its class and the arguments the name implies
+_DDP_STARTS = {"ddp": "", "ddp_spawn": 'start_method="spawn", ', "ddp_fork": 'start_method="fork", '}
+_DDP_STARTS["ddp_notebook"] = _DDP_STARTS["ddp_fork"]
+_UNUSED = {"": "", "_find_unused_parameters_false": "", "_find_unused_parameters_true": "find_unused_parameters=True, "}
+_NAMED = {
     "single_device": ("SingleDeviceStrategy", ""),
-    "ddp": ("DDPStrategy", ""),
-    "ddp_find_unused_parameters_false": ("DDPStrategy", ""),
-    "ddp_find_unused_parameters_true": ("DDPStrategy", "find_unused_parameters=True, "),
+    **{
+        f"{name}{suffix}": ("DDPStrategy", unused + start)
+        for name, start in _DDP_STARTS.items()
+        for suffix, unused in _UNUSED.items()
+    },
 }
 _FSDP = "gpulayer.fsdp.FSDPStrategy"
 _BUILT = ("gpulayer.trainer.SingleDeviceStrategy", "gpulayer.trainer.DDPStrategy", _FSDP)  # take async_save=True

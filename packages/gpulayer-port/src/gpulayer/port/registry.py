@@ -150,7 +150,9 @@ REGISTRY: dict[str, Answer] = {
     ),
     "lightning.pytorch.loggers.Logger": _adopted("gpulayer.trainer.Logger", "the base class of your own loggers"),
     "lightning.pytorch.strategies.DDPStrategy": _different(
-        "gpulayer.trainer.DDPStrategy", "DDP's options; processes start under torch's elastic agent"
+        "gpulayer.trainer.DDPStrategy",
+        "DDP's options; start_method='popen' runs the script on each rank under torch's elastic agent, 'spawn' and "
+        "'fork' as Lightning's (no 'forkserver')",
     ),
     "lightning.pytorch.strategies.FSDPStrategy": _different(
         "gpulayer.fsdp.FSDPStrategy",

@@ -216,7 +216,7 @@ def _worker_failed(failed: Any) -> WorkerFailedError:
 
 
 # Errors a rank raises because another rank failed first (see collectives.CollectiveError).
-_CONSEQUENCES = ("CollectiveError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+CONSEQUENCES = ("CollectiveError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
 
 def _blame_order(failure: Any, message: str) -> int:
@@ -224,7 +224,7 @@ def _blame_order(failure: Any, message: str) -> int:
 
     recorded = isinstance(failure.message, dict)
     if recorded:
-        if not message.startswith(_CONSEQUENCES):
+        if not message.startswith(CONSEQUENCES):
             return 0
         return 2 if timed_out_in_record(message) else 3
     return 4 if failure.exitcode == -signal.SIGTERM else 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpulayer.runtime import slurm
+from gpulayer.runtime import slurm, started
 from gpulayer.runtime.env_values import env_int, require_env
 
 ACCELERATORS = ("auto", "cpu", "cuda")
@@ -55,12 +55,16 @@ class Placement:
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None, *, accelerator: str = "auto") -> Placement:
-        """Read the placement from the environment: torchrun's variables, then Slurm's, else this process alone."""
+        """Read the placement: a process ``start_processes`` started, then the environment (torchrun's variables,
+        then Slurm's), else this process alone."""
         if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator={accelerator!r}: expected one of {', '.join(map(repr, ACCELERATORS))}")
         env = os.environ if environ is None else environ
         if accelerator == "auto":
             accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        worker = started.this_worker()
+        if worker is not None and environ is None:
+            return cls(**_from_started(worker), accelerator=accelerator)
         if any(name in env for name in TORCHRUN_VARIABLES[:3]):
             return cls(**_from_torchrun(env), accelerator=accelerator)
         if slurm.is_slurm_job(env):
@@ -142,6 +146,19 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         source="torchrun",
         restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT") if "TORCHELASTIC_RESTART_COUNT" in env else 0,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )
+
+
+def _from_started(worker: started.StartedWorker) -> dict:
+    return dict(
+        world_size=worker.world_size,
+        global_rank=worker.rank,
+        local_rank=worker.rank,
+        local_world_size=worker.world_size,
+        master_addr=started.LOOPBACK,
+        master_port=worker.store_port,
+        run_id=worker.prefix,
+        source=f"{worker.start_method} (start_processes)",
     )
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from gpulayer.runtime import clean_exit, collectives
+from gpulayer.runtime import clean_exit, collectives, started
 from gpulayer.runtime.placement import Placement
 
 
@@ -114,6 +114,9 @@ class Runtime:
             return
         if store is None and (placement.master_addr is None or placement.master_port is None):
             raise ValueError(f"{placement!r} names no master_addr and master_port; pass store= to join without them")
+        worker = started.this_worker()
+        if store is None and worker is not None and placement.run_id == worker.prefix:
+            store = worker.store(self.timeout)
         if store is None and placement.restart_count and placement.agent_store and placement.num_nodes == 1:
             store = _store_of_this_attempt(placement, self.timeout)
         dist.init_process_group(

@@ -39,10 +39,11 @@ from gpulayer.trainer.loops.stages import StageParts, run_stage
 from gpulayer.trainer.loops.transfer import BatchTransfer
 from gpulayer.trainer.profilers import attach as profiling
 from gpulayer.trainer.profilers.profiler import PassThroughProfiler, Profiler
+from gpulayer.trainer.started_call import ProcessStarter, runs_in_started_processes
 from gpulayer.trainer.states import TrainerFn, TrainerState
 from gpulayer.trainer.strategies.precision import Precision
 from gpulayer.trainer.strategies.strategy import Strategy
-from gpulayer.trainer.strategies.world import device_of, find_placement
+from gpulayer.trainer.strategies.world import device_of, devices_per_node, find_placement
 from gpulayer.trainer.trainer_properties import TrainerProperties
 
 
@@ -104,18 +105,23 @@ class Trainer(TrainerProperties):
         self.args = parse_arguments(locals())  # every argument above, by name
         self._build_from_args()
 
-    def _build_from_args(self) -> None:
-        """What the Trainer builds from its arguments: loggers, placement, strategy, callbacks, state and parts."""
-        self.loggers: list[Logger] = default_loggers(self.args.logger, self.args)
+    def _build_from_args(self, loggers: list[Logger] | None = None, callbacks: list[Callback] | None = None) -> None:
+        """What the Trainer builds from its arguments: loggers, placement, strategy, callbacks, state and parts. A
+        started rank (``started_call.py``) passes the caller's loggers and callbacks."""
+        self.loggers: list[Logger] = default_loggers(self.args.logger, self.args) if loggers is None else loggers
         # Joins the job a launcher placed; a plain `python train.py` asking for several processes becomes
-        # `gpulayer launch` here and never returns (see world.py).
+        # `gpulayer launch` here and never returns (see world.py). Under ddp_spawn, ddp_fork and ddp_notebook this
+        # process stays alone and its entry points run in the ranks the starter starts.
         placement, self.strategy = find_placement(self.args)
+        self._starter = ProcessStarter.for_caller(placement, self.strategy, devices_per_node(self.args, placement))
         # The process group, and the collectives that make decisions that end or skip work the same on every rank.
         self.runtime = Runtime(placement, timeout=self.strategy.timeout)
         device = device_of(self.args, placement)
         self.strategy.attach(self.runtime, device, Precision(self.args.precision, device), self.args.sync_batchnorm)
         process_settings.apply(self.args)
-        self.callbacks: list[Callback] = default_callbacks(self.args.callbacks, self.args)
+        self.callbacks: list[Callback] = (
+            default_callbacks(self.args.callbacks, self.args) if callbacks is None else callbacks
+        )
         self.should_stop = False
         self.received_sigterm = False  # set by the SIGTERM handler while fit runs (see preemption.py)
         self.state = TrainerState()
@@ -152,6 +158,7 @@ class Trainer(TrainerProperties):
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     # ---- entry points ----------------------------------------------------------------------------------------------
+    @runs_in_started_processes
     def fit(
         self,
         model: Module,
@@ -180,6 +187,7 @@ class Trainer(TrainerProperties):
             self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
             run_stage(self, "fit", module, datamodule, CheckpointRequest(ckpt_path, weights_only), self._parts)
 
+    @runs_in_started_processes
     def validate(
         self,
         model: Module | None = None,
@@ -193,6 +201,7 @@ class Trainer(TrainerProperties):
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         return self._evaluate("validate", self.validate_loop, model, dataloaders, verbose, datamodule, request)
 
+    @runs_in_started_processes
     def test(
         self,
         model: Module | None = None,
@@ -206,6 +215,7 @@ class Trainer(TrainerProperties):
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         return self._evaluate("test", self.test_loop, model, dataloaders, verbose, datamodule, request)
 
+    @runs_in_started_processes
     def predict(
         self,
         model: Module | None = None,

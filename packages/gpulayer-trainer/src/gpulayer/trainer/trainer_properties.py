@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gpulayer.trainer.loops.evaluation_loop import EvaluationLoop
     from gpulayer.trainer.loops.fit_loop import FitLoop
     from gpulayer.trainer.profilers.profiler import Profiler
+    from gpulayer.trainer.started_call import ProcessStarter
     from gpulayer.trainer.states import TrainerState
     from gpulayer.trainer.strategies.precision import Precision
     from gpulayer.trainer.strategies.strategy import Strategy
@@ -32,6 +33,7 @@ class TrainerProperties:
     args: TrainerArguments
     runtime: Runtime
     strategy: Strategy
+    _starter: ProcessStarter | None
     state: TrainerState
     lightning_module: Module | None
     fit_loop: FitLoop
@@ -141,8 +143,8 @@ class TrainerProperties:
 
     @property
     def world_size(self) -> int:
-        """The number of processes."""
-        return self.runtime.world_size
+        """The number of processes (in the caller of ``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``: its ranks')."""
+        return self.runtime.world_size if self._starter is None else self._starter.nprocs
 
     @property
     def is_global_zero(self) -> bool:

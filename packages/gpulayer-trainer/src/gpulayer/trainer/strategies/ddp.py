@@ -33,6 +33,10 @@ class StepRunner(nn.Module):
         return step(*args)
 
 
+# Lightning's start methods but "forkserver", which GPUlayer does not adopt.
+START_METHODS = ("popen", "spawn", "fork")
+
+
 class DDPStrategy(Strategy):
     """DistributedDataParallel with the options users tune; the rest of ``ddp_kwargs`` goes to DDP as is.
 
@@ -40,7 +44,9 @@ class DDPStrategy(Strategy):
     after it. The default is Lightning's, 30 minutes; ``None`` keeps torch's (30 minutes on gloo, 10 on NCCL). It
     applies to the process group the Trainer creates, not to one that already exists. DDP broadcasts rank 0's
     parameters and buffers when it wraps the module, then all-reduces gradients in backward. ``async_save=True`` (not
-    in Lightning): rank 0 writes the checkpoint callbacks' files behind training during ``fit``.
+    in Lightning): rank 0 writes the checkpoint callbacks' files behind training during ``fit``. ``start_method``
+    (Lightning's): ``"popen"`` runs the script on every rank (``gpulayer launch``); ``"spawn"`` and ``"fork"`` run
+    each entry point in processes this one starts (``started_call.py``), for notebooks and functions.
     """
 
     strategy_name = "ddp"
@@ -54,9 +60,13 @@ class DDPStrategy(Strategy):
         gradient_as_bucket_view: bool = False,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         async_save: bool = False,
+        start_method: str = "popen",
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__()
+        if start_method not in START_METHODS:
+            accepted = ", ".join(map(repr, START_METHODS))
+            raise ValueError(f"DDPStrategy(start_method={start_method!r}): accepted values are {accepted}")
         self.async_save = check_async_save(async_save, "DDPStrategy")
         for name, value in (
             ("find_unused_parameters", find_unused_parameters),
@@ -74,6 +84,7 @@ class DDPStrategy(Strategy):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.timeout: timedelta | None = timeout
         self.ddp_kwargs = ddp_kwargs
+        self.start_method = start_method
         self._wrapped: DistributedDataParallel | None = None  # while fit trains on several ranks
         self._batchnorms: dict[str, nn.Module] = {}  # the batch norms sync_batchnorm replaced, by name
 
@@ -166,6 +177,8 @@ class DDPStrategy(Strategy):
         )
         if self.async_save:
             options["async_save"] = True
+        if self.start_method != "popen":
+            options["start_method"] = self.start_method
         return f"DDPStrategy({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
 

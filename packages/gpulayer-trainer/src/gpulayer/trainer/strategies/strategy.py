@@ -52,6 +52,9 @@ class Strategy:
     gradient_sync: str | None = None  # backward's gradient collective, named when it fails
     # Whether loaders get distributed samplers (use_distributed_sampler): DDP and FSDP, one process included.
     is_distributed = False
+    # How its ranks start (Lightning's ``start_method``): "popen" runs the script on each (a launcher, or
+    # ``gpulayer launch`` for a plain ``python train.py``); "spawn" and "fork" start them per entry point.
+    start_method = "popen"
 
     def __init__(self) -> None:
         self.async_save = False  # a full-state checkpoint callback's saves are written behind training (fit only)

@@ -13,11 +13,8 @@ following its stated intent ("TODO: pass also best score"), it sends ``logged_me
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,18 +44,6 @@ CHECKPOINT_RESULTS = (
 )
 
 
-def runs_in_started_processes(entry: Callable[..., Any]) -> Callable[..., Any]:
-    """An entry point that a Trainer with started ranks hands to them; otherwise it runs here, as written."""
-
-    @functools.wraps(entry)
-    def run(trainer: Trainer, *args: Any, **kwargs: Any) -> Any:
-        if trainer._starter is None:
-            return entry(trainer, *args, **kwargs)
-        return trainer._starter.run(trainer, entry, args, kwargs)
-
-    return run
-
-
 class ProcessStarter:
     """The caller's side: starts ``nprocs`` ranks by ``start_method`` for each entry point, and applies what rank 0
     sends back. Lightning's rule that one Trainer fits once this way is kept here (``already_fit``)."""
@@ -74,10 +59,9 @@ class ProcessStarter:
             return None
         return cls(strategy.start_method, nprocs)
 
-    def run(self, trainer: Trainer, entry: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        stage = entry.__name__
-        arguments = inspect.signature(entry).bind(trainer, *args, **kwargs).arguments
-        del arguments["self"]
+    def run(self, trainer: Trainer, stage: str, arguments: dict[str, Any]) -> Any:
+        """Run entry point ``stage`` with ``arguments`` (its parameters by name, ``self`` among them) on the ranks."""
+        arguments = {name: value for name, value in arguments.items() if name != "self"}
         self._check(trainer, stage, arguments)
         model = arguments.get("model")
         if model is None:

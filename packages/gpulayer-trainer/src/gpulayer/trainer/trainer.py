@@ -39,7 +39,7 @@ from gpulayer.trainer.loops.stages import StageParts, run_stage
 from gpulayer.trainer.loops.transfer import BatchTransfer
 from gpulayer.trainer.profilers import attach as profiling
 from gpulayer.trainer.profilers.profiler import PassThroughProfiler, Profiler
-from gpulayer.trainer.started_call import ProcessStarter, runs_in_started_processes
+from gpulayer.trainer.started_call import ProcessStarter
 from gpulayer.trainer.states import TrainerFn, TrainerState
 from gpulayer.trainer.strategies.precision import Precision
 from gpulayer.trainer.strategies.strategy import Strategy
@@ -158,7 +158,6 @@ class Trainer(TrainerProperties):
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     # ---- entry points ----------------------------------------------------------------------------------------------
-    @runs_in_started_processes
     def fit(
         self,
         model: Module,
@@ -173,6 +172,8 @@ class Trainer(TrainerProperties):
         ``ckpt_path`` resumes a run: a path, ``"last"`` or ``"best"``. Checkpoints load with
         ``weights_only=True`` unless you pass ``weights_only=False`` for a file you trust.
         """
+        if self._starter is not None:  # ddp_spawn, ddp_fork, ddp_notebook: the call runs on the ranks it starts
+            return self._starter.run(self, "fit", locals())
         if datamodule_base(train_dataloaders) is not None:
             datamodule, train_dataloaders = train_dataloaders, None
         _check_sources(datamodule, train_dataloaders, val_dataloaders)
@@ -187,7 +188,6 @@ class Trainer(TrainerProperties):
             self.validate_loop.attach(DataSource(val_dataloaders, datamodule, module, "val_dataloader"))
             run_stage(self, "fit", module, datamodule, CheckpointRequest(ckpt_path, weights_only), self._parts)
 
-    @runs_in_started_processes
     def validate(
         self,
         model: Module | None = None,
@@ -198,10 +198,11 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One validation run; one dict of epoch metrics per loader, as Python floats."""
+        if self._starter is not None:
+            return self._starter.run(self, "validate", locals())
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         return self._evaluate("validate", self.validate_loop, model, dataloaders, verbose, datamodule, request)
 
-    @runs_in_started_processes
     def test(
         self,
         model: Module | None = None,
@@ -212,10 +213,11 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """One test run; one dict of epoch metrics per loader, as Python floats."""
+        if self._starter is not None:
+            return self._starter.run(self, "test", locals())
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         return self._evaluate("test", self.test_loop, model, dataloaders, verbose, datamodule, request)
 
-    @runs_in_started_processes
     def predict(
         self,
         model: Module | None = None,
@@ -226,6 +228,8 @@ class Trainer(TrainerProperties):
         weights_only: bool | None = None,
     ) -> list[Any] | None:
         """``predict_step`` outputs (on the CPU): a list per batch, or a list of lists for several loaders."""
+        if self._starter is not None:
+            return self._starter.run(self, "predict", locals())
         request = CheckpointRequest(ckpt_path, weights_only, model is not None)
         model, dataloaders, datamodule = self._eval_inputs("predict", model, dataloaders, datamodule)
         with _as_module(model, "predict") as module:

@@ -474,3 +474,19 @@ def test_known_integrations_are_named_with_their_status(tmp_path, capsys):
         f"{script}:2:8: ray.train.lightning: {ray}",
     ]
     assert script.read_text().startswith(f"# gpulayer port: RayDDPStrategy: {ray}\n")
+
+
+@pytest.mark.parametrize("name", ["ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true"])
+def test_lightnings_started_ddp_names_port_unchanged(name):
+    source = (
+        "import lightning as L\n"
+        f"trainer = L.Trainer(strategy={name!r}, devices=2, accelerator='cpu')\n"
+        "notebook = L.Trainer(strategy=L.pytorch.strategies.DDPStrategy(start_method='fork'), devices=2)\n"
+    )
+    ported = port_code(source)
+    assert ported.findings == []
+    assert ported.code == (
+        "from gpulayer.trainer import DDPStrategy, Trainer\n"
+        f"trainer = Trainer(strategy={name!r}, devices=2, accelerator='cpu')\n"
+        "notebook = Trainer(strategy=DDPStrategy(start_method='fork'), devices=2)\n"
+    )

@@ -1,6 +1,7 @@
 """The Trainer on a CUDA GPU (nox -s cuda; skipped without one): each precision against the CPU run, fp16 AMP's
 skipped steps and scaler state against Lightning, prefetching, autotuning, and no host sync on the lean path."""
 
+import sys
 import warnings
 
 import pytest
@@ -288,3 +289,58 @@ def test_sync_batchnorm_converts_during_fit_and_gives_the_users_layers_back(tmp_
     assert type(model.norm) is torch.nn.BatchNorm1d  # the user's own layer, holding the trained statistics
     for name, tensor in plain.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+STARTED_ON_CUDA = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import gpulayer.trainer as gl
+
+
+class Regression(gl.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(strategy):
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    model = Regression()
+    trainer = gl.Trainer(strategy=strategy, accelerator="cuda", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False)
+    trainer.fit(model, DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8))
+    return trainer, model
+
+
+if __name__ == "__main__":
+    trainer, model = fit("ddp_spawn")
+    print("spawned:", trainer.global_step, model.layer.weight.device)
+    torch.zeros(1, device="cuda")  # this process now holds a CUDA context
+    try:
+        fit("ddp_fork")
+    except RuntimeError as error:
+        print("fork refused:", error)
+"""
+
+
+def test_spawned_ranks_train_on_the_gpu_and_fork_after_cuda_is_refused_with_lightnings_words(tmp_path):
+    from gpulayer.runtime.testing import clean_environment, run_command
+
+    script = tmp_path / "started_on_cuda.py"
+    script.write_text(STARTED_ON_CUDA)
+    finished = run_command([sys.executable, str(script)], timeout=180, env=clean_environment())
+    assert finished.returncode == 0, finished.stderr
+    lines = finished.stdout.splitlines()
+    assert "spawned: 8 cpu" in lines
+    assert (
+        "fork refused: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
+        "the 'spawn' start method or avoid CUDA initialization in the main process."
+    ) in lines

@@ -88,7 +88,7 @@ def optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 def load_metadata(path: str, weights_only: bool, world_size: int) -> dict[str, Any]:
     """``meta.pt``, with ``optimizer_states`` pointing into the folder, after checking that the folder is whole;
-    warns when it was saved on another number of ranks."""
+    warns when it was saved on another number of ranks (of the RNG streams)."""
     missing = [name for name in (DCP_METADATA, METADATA_FILENAME) if not os.path.isfile(os.path.join(path, name))]
     if missing:
         raise FileNotFoundError(
@@ -104,9 +104,9 @@ def load_metadata(path: str, weights_only: bool, world_size: int) -> dict[str, A
     if len(saved) != world_size:
         warnings.warn(
             f"{path} was saved on {len(saved)} ranks and is loaded on {world_size}: the model and optimizer state "
-            "are resharded exactly, but each rank's RNG streams and its data sampler's position within the epoch do "
-            "not carry across world sizes (every rank takes the saved rank 0's RNG state, and a resumed epoch "
-            "restarts its shards on the new ranks)",
+            "are resharded exactly, but each rank's RNG streams do not carry across world sizes (every rank takes "
+            "the saved rank 0's RNG state); a resumed epoch's data goes on from its position in the epoch's global "
+            "order of samples",
             UserWarning,
             stacklevel=2,
         )

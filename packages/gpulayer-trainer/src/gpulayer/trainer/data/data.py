@@ -169,8 +169,10 @@ def _generators(loader: Any) -> dict[str, torch.Generator]:
 
 
 def epoch_iterator(loader: Any, progress: Any) -> Iterator[Any]:
-    """A new epoch's iterator, with the RNG state it is made with kept in ``progress`` for a resume."""
+    """A new epoch's iterator, from the start of its global order, with the RNG state it is made with kept in
+    ``progress`` for a resume."""
     set_sampler_epoch(loader, progress.epochs_processed)
+    progress.order.start_batch = progress.order.start_sample = 0
     progress.data_snapshots = {"iter": data_rng_state(loader)}
     return iter(loader)
 

@@ -4,7 +4,9 @@ Lightning 2.6's is ``_get_distributed_sampler`` in ``lightning/pytorch/trainer/c
 
 Each rank reads its own shard: training loaders shuffle (Lightning's rule, whatever the loader said), val and
 test keep their loader's order and are padded to equal shards, predict is split without padding. The seed is
-``PL_GLOBAL_SEED`` (``seed_everything`` sets it) or 0, and ``set_epoch`` reshuffles every epoch.
+``PL_GLOBAL_SEED`` (``seed_everything`` sets it) or 0, and ``set_epoch`` reshuffles every epoch. A
+``GlobalOrderSampler`` in place of torch's ``DistributedSampler`` lets a resumed epoch go on from its position
+(``order_position.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def with_distributed_sampler(
     if stage == "predict":
         sampler: Sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=False, seed=seed, pad=False)
     elif isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
-        sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+        sampler = GlobalOrderSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     else:
         sampler = ShardedSampler(loader.sampler, world_size, rank, shuffle=shuffle, seed=seed, pad=True)
     return rebuilt(loader, sampler, stage, is_global_zero=rank == 0, record_indices=record_indices)
@@ -128,3 +130,40 @@ class ShardedSampler(Sampler[int]):
         if self.pad:
             return math.ceil(length / self.world_size)
         return len(range(self.rank, length, self.world_size))
+
+
+class GlobalOrderSampler(DistributedSampler):
+    """torch's ``DistributedSampler``, which can begin one epoch some samples into its global order (``resume_at``);
+    until then it yields ``DistributedSampler``'s indices exactly. The global order is ``DistributedSampler``'s
+    before its padding, ``randperm(len(dataset))`` seeded with ``seed + epoch`` (``range`` unshuffled): no world
+    size changes it."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.resumed = (-1, 0)  # (epoch, samples of its global order already trained on)
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Epoch ``epoch`` begins after its first ``consumed`` samples; every other epoch from its start."""
+        self.resumed = (epoch, consumed)
+
+    @property
+    def start(self) -> int:
+        epoch, consumed = self.resumed
+        return consumed if epoch == self.epoch else 0
+
+    def __iter__(self) -> Iterator[int]:
+        size = len(self.dataset)
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(size, generator=generator).tolist()
+        else:
+            order = list(range(size))
+        rest = order[self.start :]
+        # DistributedSampler's padding to equal shards: the epoch's first indices again.
+        padding = -len(rest) % self.num_replicas
+        rest += (order * math.ceil(padding / max(size, 1)))[:padding]
+        return iter(rest[self.rank :: self.num_replicas])
+
+    def __len__(self) -> int:
+        return math.ceil(max(len(self.dataset) - self.start, 0) / self.num_replicas)

@@ -31,11 +31,11 @@ from gpulayer.trainer.data.data import (
     has_length,
     num_batches,
     reload_due,
-    replayed_iterator,
     stop_together,
     train_loader,
     warn_too_few_batches_to_log,
 )
+from gpulayer.trainer.data.order_position import order_position, resumed_iterator
 from gpulayer.trainer.data.samplers import sampled
 from gpulayer.trainer.logging.results import ResultCollection
 from gpulayer.trainer.loops.cadence import Cadence, CadenceRules, val_check_batch
@@ -144,6 +144,7 @@ class FitLoop:
             return
         loader, self.shape = train_loader(self.source.request(self.hooks, trainer.global_rank))
         self.loader = loader = sampled(loader, "train", trainer, fitting=True)
+        self.progress.order = order_position(loader, trainer.world_size)
         count = num_batches(loader, args.limit_train_batches, "train")
         (self.max_batches,) = agreed_batches(trainer.runtime, [loader], [count], "train")
         if self.progress.epochs_processed == 0 and self.resume is None:
@@ -230,16 +231,17 @@ class FitLoop:
                 self.setup_data(reload=True)
             hooks.both("on_train_epoch_start")
             iterator = self.iterator if self.iterator is not None else epoch_iterator(self.loader, self.progress)
-            self.iterator = None
+            self.iterator, count = None, self.max_batches
             progress.batch_idx, progress.is_last_batch = -1, False
             progress.data_snapshots["first"] = data_rng_state(self.loader)
-            self.cadence.start_epoch(0, self.max_batches, self.val_check_batch, self.last_val_time)
+            self.cadence.start_epoch(0, count, self.val_check_batch, self.last_val_time)
         else:
-            iterator = replayed_iterator(self.loader, progress, resume["batch_idx"] + 1, self.max_batches)
+            limit, zero = self.args.limit_train_batches, self.trainer.is_global_zero
+            iterator, count = resumed_iterator(self.loader, progress, resume, self.max_batches, limit, zero)
             progress.batch_idx = resume["batch_idx"]
-            progress.is_last_batch = progress.batch_idx + 1 == self.max_batches
+            progress.is_last_batch = progress.batch_idx + 1 == count
             # The rest of the resumed batch's rules read the plan.
-            self.cadence.start_epoch(progress.batch_idx, self.max_batches, self.val_check_batch, self.last_val_time)
+            self.cadence.start_epoch(progress.batch_idx, count, self.val_check_batch, self.last_val_time)
             if resume["phase"] not in ("stopped", "step"):  # the batch had finished, or it runs again
                 self.after_batch(self.cadence.accumulates(), validate=resume["phase"] == "batch")
             self.cadence.plan(progress.batch_idx + 1, self.last_val_time)
@@ -247,7 +249,7 @@ class FitLoop:
             iterator = map(self.shape, iterator)
         if self.distributed and not has_length(self.loader):
             iterator = stop_together(iterator, self.trainer.runtime)
-        epoch_batches = batches(transfer.source(iterator), self.max_batches, start=progress.batch_idx + 1)
+        epoch_batches = batches(transfer.source(iterator), count, start=progress.batch_idx + 1)
         moves = transfer.moves  # else the transfer hands every batch back as it is
         # Lightning checks whether to stop before fetching: a stopped epoch draws no extra batch.
         ended = self._epoch_should_end()

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpulayer.trainer.data.order_position import OrderPosition
 from gpulayer.trainer.exceptions import PossibleUserWarning
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class Progress:
     # read.
     phase: str = "idle"
     data_snapshots: dict[str, Any] = field(default_factory=dict)
+    order: OrderPosition = field(default_factory=OrderPosition)  # where the epoch is in its global order of samples
     # Set when max_steps ends an epoch before its last batch: the state to go on from in that epoch (see ``stop``).
     stopped: dict[str, Any] | None = None
 
@@ -50,6 +52,8 @@ class Progress:
             "phase": self.phase,
             "data_snapshots": dict(self.data_snapshots),
             "stopped": self.stopped,
+            # A batch saved in its step runs again: it is not consumed.
+            "global_order": self.order.state_dict(self.batch_idx + (self.phase != "step")),
         }
 
     def stop(self, rng_states: dict[str, Any]) -> None:

@@ -60,15 +60,20 @@ class ProcessStarter:
         return cls(strategy.start_method, nprocs)
 
     def run(self, trainer: Trainer, stage: str, arguments: dict[str, Any]) -> Any:
-        """Run entry point ``stage`` with ``arguments`` (its parameters by name, ``self`` among them) on the ranks."""
+        """Run entry point ``stage`` with ``arguments`` (its parameters by name, ``self`` among them) on the ranks.
+        As in Lightning, a refusal or a failed rank interrupts the caller: its status, callbacks' ``on_exception``,
+        loggers finalized as failed (``_interrupt`` in ``lightning/pytorch/trainer/call.py``)."""
         arguments = {name: value for name, value in arguments.items() if name != "self"}
-        self._check(trainer, stage, arguments)
-        model = arguments.get("model")
-        if model is None:
-            arguments["model"] = model = trainer.lightning_module
+        if arguments.get("model") is None:
+            arguments["model"] = trainer.lightning_module
+        else:
+            trainer.lightning_module = uncompiled(arguments["model"])  # Lightning's fit sets it before launching
         trainer.state.fn, trainer.state.status = TrainerFn(stage), TrainerStatus.RUNNING
-        settings = ProcessSettings.capture() if self.start_method == "spawn" else None
         try:
+            self._check(trainer, stage, arguments)
+            if self.start_method == "fork":
+                # Each rank would import it at its first optimizer (torch's lazy _disable_dynamo), once per fork.
+                import torch._dynamo  # noqa: F401
             output = start_processes(
                 _run_rank,
                 type(trainer),
@@ -77,14 +82,16 @@ class ProcessStarter:
                 trainer.callbacks,
                 stage,
                 arguments,
-                settings,
+                ProcessSettings.capture() if self.start_method == "spawn" else None,
                 nprocs=self.nprocs,
                 start_method=self.start_method,
             )
-        except BaseException:
-            trainer.state.status = TrainerStatus.INTERRUPTED
+        except BaseException as error:
+            _interrupt(trainer, error)
+            if isinstance(error, KeyboardInterrupt):
+                raise SystemExit(1) from error  # Lightning's end after its graceful shutdown, as in a stage
             raise
-        output.apply(trainer, uncompiled(model))
+        output.apply(trainer, trainer.lightning_module)
         self.already_fit |= stage == "fit"
         return output.returned
 
@@ -103,7 +110,7 @@ class ProcessStarter:
                     f"Found {arguments['return_predictions']} with strategy {type(trainer.strategy)}."
                 )
             arguments["return_predictions"] = False  # no predictions come back (Lightning's predict returns None)
-        if stage != "fit" and arguments.get("model") is None and trainer.lightning_module is None:
+        if stage != "fit" and arguments["model"] is None:
             raise TypeError(f"{stage}: pass a model; this Trainer has not been given one before")
         if self.start_method == "fork" and trainer.args.accelerator == "cuda" and torch.cuda.is_initialized():
             raise RuntimeError(  # Lightning's words; the forked ranks could not use CUDA
@@ -147,6 +154,14 @@ def _run_rank(
     )
 
 
+def _interrupt(trainer: Trainer, error: BaseException) -> None:
+    trainer.state.status = TrainerStatus.INTERRUPTED
+    for callback in trainer.callbacks:
+        callback.on_exception(trainer, trainer.lightning_module, error)
+    for logger in trainer.loggers:
+        logger.finalize("failed")
+
+
 @dataclass(frozen=True)
 class WorkerOutput:
     """What rank 0 sends back after an entry point (every tensor on the CPU)."""
@@ -164,7 +179,6 @@ class WorkerOutput:
         if self.weights is not None:
             # Not strict, as Lightning: the module's layers may have changed in the started process.
             module.load_state_dict(self.weights, strict=False)
-        trainer.lightning_module = module
         trainer.state = self.state
         trainer.callback_metrics.update(self.callback_metrics)  # the dicts themselves, as Lightning updates them
         trainer.logged_metrics.update(self.logged_metrics)

@@ -321,6 +321,8 @@ def fit(strategy):
 
 
 if __name__ == "__main__":
+    trainer, model = fit("ddp_fork")  # the caller's Trainer takes no GPU, so its forked ranks can
+    print("forked:", trainer.global_step, model.layer.weight.device, torch.cuda.is_initialized())
     trainer, model = fit("ddp_spawn")
     print("spawned:", trainer.global_step, model.layer.weight.device)
     torch.zeros(1, device="cuda")  # this process now holds a CUDA context
@@ -331,7 +333,7 @@ if __name__ == "__main__":
 """
 
 
-def test_spawned_ranks_train_on_the_gpu_and_fork_after_cuda_is_refused_with_lightnings_words(tmp_path):
+def test_started_ranks_train_on_the_gpu_and_fork_after_cuda_is_refused_with_lightnings_words(tmp_path):
     from gpulayer.runtime.testing import clean_environment, run_command
 
     script = tmp_path / "started_on_cuda.py"
@@ -339,6 +341,7 @@ def test_spawned_ranks_train_on_the_gpu_and_fork_after_cuda_is_refused_with_ligh
     finished = run_command([sys.executable, str(script)], timeout=180, env=clean_environment())
     assert finished.returncode == 0, finished.stderr
     lines = finished.stdout.splitlines()
+    assert "forked: 8 cpu False" in lines
     assert "spawned: 8 cpu" in lines
     assert (
         "fork refused: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "

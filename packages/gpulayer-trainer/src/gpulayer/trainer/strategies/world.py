@@ -38,7 +38,8 @@ def find_placement(args: TrainerArguments) -> tuple[Placement, Strategy]:
     if placement.source == "in-process":
         if strategy.start_method != "popen":
             _check_started(args, strategy.start_method, wanted)
-            return on_chosen_gpu(placement, args), strategy
+            # The caller trains nothing, so it takes no GPU: a CUDA context here would break its forked ranks.
+            return dataclasses.replace(placement, accelerator="cpu"), strategy
         if wanted > 1 and interactive_session():
             _refuse_in_interactive_session(args)
         if wanted > 1:

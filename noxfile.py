@@ -43,6 +43,7 @@ TEST_REQUIREMENTS = {
         "wandb>=0.17",
         "ray[tune]>=2.9",
         "pytorch-forecasting>=1.4",  # a library's LightningModules (DeepAR, NBeats) fitted by GPUlayer's Trainer
+        "scikit-learn>=1.3",  # load_digits, the data of the Optuna DDP example's differential test
     ],
     # psutil: DeviceStatsMonitor's CPU stats (neither torch nor Lightning requires it).
     "gpulayer-callbacks": ["lightning==2.6.*", "psutil>=5"],

@@ -22,7 +22,6 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
-from gpulayer.callbacks import ModelCheckpoint
 from gpulayer.runtime.testing import kill_tree
 
 SAMPLES, BATCH, EPOCHS, SAVE_EVERY_N_STEPS = 48, 2, 2, 3
@@ -57,6 +56,9 @@ class Recorded(gl.Module):
 
 
 def main() -> None:
+    # Imported here: the trainer-alone tier collects test_elastic_launch.py, which imports this file.
+    from gpulayer.callbacks import ModelCheckpoint
+
     out, options = Path(sys.argv[1]), dict(pair.split("=", 1) for pair in sys.argv[2:])
     out.mkdir(parents=True, exist_ok=True)
     gl.seed_everything(7, verbose=False)

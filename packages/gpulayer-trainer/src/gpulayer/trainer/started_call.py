@@ -14,14 +14,13 @@ following its stated intent ("TODO: pass also best score"), it sends ``logged_me
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy
 import torch
 
 from gpulayer.runtime.started import start_processes
+from gpulayer.trainer.checkpoint.checkpoint import rng_states, set_rng_states
 from gpulayer.trainer.compiled import uncompiled
 from gpulayer.trainer.core.callback import Checkpoint
 from gpulayer.trainer.exceptions import MisconfiguredValueError
@@ -196,9 +195,7 @@ class ProcessSettings:
 
     deterministic: tuple[bool, bool]
     cudnn_benchmark: bool
-    torch_rng: torch.Tensor
-    python_rng: Any
-    numpy_rng: Any
+    rng: dict[str, Any]  # checkpoint.rng_states(), less CUDA's: a spawned rank makes its own CUDA context or none
 
     @classmethod
     def capture(cls) -> ProcessSettings:
@@ -208,17 +205,13 @@ class ProcessSettings:
                 torch.is_deterministic_algorithms_warn_only_enabled(),
             ),
             cudnn_benchmark=torch.backends.cudnn.benchmark,
-            torch_rng=torch.get_rng_state(),
-            python_rng=random.getstate(),
-            numpy_rng=numpy.random.get_state(),
+            rng={name: state for name, state in rng_states().items() if name != "cuda"},
         )
 
     def restore(self) -> None:
         torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        torch.set_rng_state(self.torch_rng)
-        random.setstate(self.python_rng)
-        numpy.random.set_state(self.numpy_rng)
+        set_rng_states(self.rng)
 
 
 def _on_cpu(value: Any) -> Any:

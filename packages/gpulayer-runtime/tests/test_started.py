@@ -38,6 +38,15 @@ def test_two_calls_in_one_process_each_form_a_world_through_the_callers_store(me
 
 
 @pytest.mark.multiprocess
+def test_ranks_are_forked_before_the_callers_store_exists_so_they_copy_none_of_it():
+    # A forked rank copies the caller whole: had the store's server thread been running, it could have held a lock
+    # the copy then waited on forever (a run in CI hung so). Its sockets would be in the copy too.
+    seen = _run("inherited", "fork")
+    assert seen["new_sockets"] == []
+    assert seen["left"] == []
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("method", "how"), [("fork", "raise"), ("spawn", "kill")])
 def test_a_rank_that_raises_or_is_killed_ends_the_call_naming_it(method, how):
     seen = _run(how, method)

@@ -50,6 +50,24 @@ def consequence_first():
     raise ValueError("the real error, on rank 1")
 
 
+def sockets():
+    """The inodes of the sockets this process holds open."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def sockets_not_in(before):
+    """This worker's sockets, before it connects to anything, that its caller did not hold before the call."""
+    return sorted(sockets() - before)
+
+
 def hold(folder):
     """Report this worker's pid, then wait for good: only its caller's death can end it."""
     with open(os.path.join(folder, f"pid{this_worker().rank}"), "w") as file:
@@ -94,6 +112,8 @@ def main(scenario, method, *rest):
             start_processes(consequence_first, nprocs=2, start_method=method)
         except WorkerFailedError as error:
             seen.update(rank=error.rank, cause=repr(error.__cause__))
+    elif scenario == "inherited":
+        seen["new_sockets"] = start_processes(sockets_not_in, sockets(), nprocs=2, start_method=method)
     elif scenario == "hold":
         start_processes(hold, rest[0], nprocs=2, start_method=method)
     seen["left"] = below_here()

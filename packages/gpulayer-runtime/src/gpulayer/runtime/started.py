@@ -6,6 +6,9 @@ How a notebook, an Optuna objective or any function called twice gets DDP (Light
 waits on one pipe and the exit of each worker: the first worker that raises, is killed or exits without its result
 ends the call with ``WorkerFailedError`` naming its rank, and the others are ended and reaped first. Workers die with
 the caller (``die_with_parent``), so none outlives it.
+
+The workers are started before the store: a forked worker copies the caller whole, and a thread running there (the
+store's server) could hold a lock the copy then waits on forever. Each worker learns the store's port over its pipe.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from textwrap import dedent
 from typing import Any
@@ -103,23 +106,33 @@ def start_processes(fn: Callable[..., Any], *args: Any, nprocs: int, start_metho
     context = multiprocessing.get_context(start_method)
     prefix = f"gpulayer/started_{next(_calls)}"
     workers: list[Any] = []
-    pipes: list[Any] = []
-    with loopback_store(STORE_TIMEOUT) as endpoint:
-        port = int(endpoint.rsplit(":", 1)[1])
-        try:
-            for rank in range(nprocs):
-                receiving, sending = context.Pipe(duplex=False)
-                worker = StartedWorker(rank, nprocs, start_method, port, prefix)
-                process = context.Process(target=_run, args=(worker, sending, call), name=f"gpulayer-rank-{rank}")
-                process.start()
-                sending.close()  # the worker holds the only sending end: end of file then means it is gone
-                workers.append(process)
-                pipes.append(receiving)
-            return _wait(workers, pipes)
-        finally:
-            _end(workers)  # on success they have exited; on a failure or an interrupt this ends them
-            for pipe in pipes:
-                pipe.close()
+    pipes: list[Any] = []  # each worker's result: its value or its error
+    ports: list[Any] = []  # to each worker: the store's port
+    try:
+        for rank in range(nprocs):
+            receiving, sending = context.Pipe(duplex=False)
+            port_in, port_out = context.Pipe(duplex=False)
+            worker = StartedWorker(rank, nprocs, start_method, 0, prefix)
+            process = context.Process(target=_run, args=(worker, port_in, sending, call), name=f"gpulayer-rank-{rank}")
+            process.start()
+            for end in (sending, port_in):  # the worker holds the only copies: end of file then means it is gone
+                end.close()
+            workers.append(process)
+            pipes.append(receiving)
+            ports.append(port_out)
+        with loopback_store(STORE_TIMEOUT) as endpoint:
+            port = int(endpoint.rsplit(":", 1)[1])
+            for port_out in ports:
+                with contextlib.suppress(OSError):  # a worker already gone: its end is seen by _wait
+                    port_out.send(port)
+            try:
+                return _wait(workers, pipes)
+            finally:
+                _end(workers)  # on success they have exited; else they end before the store closes under them
+    finally:
+        _end(workers)  # those started before a failure to start the rest or the store
+        for pipe in pipes + ports:
+            pipe.close()
 
 
 def _wait(workers: list[Any], pipes: list[Any]) -> Any:
@@ -200,14 +213,16 @@ def _end(workers: list[Any]) -> None:
             process.join()
 
 
-def _run(worker: StartedWorker, pipe: Any, call: Any) -> None:
-    """A started process: its place, Lightning's thread and address settings, the call, and its value or error."""
+def _run(worker: StartedWorker, port: Any, pipe: Any, call: Any) -> None:
+    """A started process: the store's port, its place, Lightning's thread and address settings, the call, and its
+    value or error."""
     global _this_worker
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook's interrupt reaches the caller, which ends the workers
-    _this_worker = worker
-    _set_environment(worker)
     try:
+        worker = _this_worker = replace(worker, store_port=port.recv())
+        port.close()
+        _set_environment(worker)
         fn, args = pickle.loads(call) if isinstance(call, bytes) else call
         value = fn(*args)
         _barrier()  # every rank has finished before any reports: none leaves a peer inside a collective

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.runtime.testing import RankFailedError, is_alive, run_command, run_ranks
+from gpulayer.runtime.testing import RankFailedError, clean_environment, is_alive, run_command, run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -68,3 +68,20 @@ def test_a_command_past_its_deadline_is_killed_with_its_descendants(tmp_path):
     with pytest.raises(RankFailedError, match="did not finish within 5 s"):
         run_command([sys.executable, "-c", parent], timeout=5)
     assert not is_alive(int(pid_file.read_text()))
+
+
+def test_a_late_command_and_its_descendants_print_their_stacks_one_by_one_before_they_are_killed():
+    # What a hang in CI leaves to read: where each process of the tree waited.
+    parent = (
+        "import subprocess, sys\n"
+        "def wait_for_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'import signal\\ndef wait_in_child(): signal.pause()\\n"
+        "wait_in_child()'])\n"
+        "wait_for_child()\n"
+    )
+    with pytest.raises(RankFailedError, match="did not finish within 5 s") as raised:
+        run_command([sys.executable, "-c", parent], timeout=5, env=clean_environment())
+    stacks = str(raised.value).split("Fatal Python error: Aborted")[1:]
+    assert len(stacks) == 2
+    assert "in wait_in_child" in stacks[0] and "in wait_for_child" not in stacks[0]  # the child first, whole
+    assert "in wait_for_child" in stacks[1]

@@ -13,6 +13,7 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import resource
 import signal
 import subprocess
 import sys
@@ -164,7 +165,8 @@ def _register_parents(module_name: str, path: str) -> None:
 
 def clean_environment(**extra: str) -> dict[str, str]:
     """This environment without any launcher's variables (the test process may itself run under one), with one
-    OpenMP thread per process, and ``extra`` on top: for a command that must start its own job."""
+    OpenMP thread per process, Python's fault handler on (``run_command`` asks a late command for its stacks), and
+    ``extra`` on top: for a command that must start its own job."""
     launcher = (
         "RANK",
         "WORLD_SIZE",
@@ -176,20 +178,21 @@ def clean_environment(**extra: str) -> dict[str, str]:
         "SLURM_",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher) and k != "PYTEST_CURRENT_TEST"}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **extra}
 
 
 def run_command(
     argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run ``argv`` to completion and return it; past ``timeout`` kill it and all its descendants, then fail."""
+    """Run ``argv`` to completion and return it; past ``timeout`` kill it and all its descendants, then fail with
+    what they printed: under ``PYTHONFAULTHANDLER=1`` (``clean_environment``) that ends with each one's stacks."""
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
+        kill_tree(process.pid, first=signal.SIGABRT)
         stdout, stderr = process.communicate()
         raise RankFailedError(
             f"{argv} did not finish within {timeout} s; it and its descendants were killed\n{stdout}\n{stderr}"
@@ -197,15 +200,26 @@ def run_command(
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def kill_tree(pid: int, *, within: float = 10.0) -> None:
+def kill_tree(pid: int, *, within: float = 10.0, first: signal.Signals | None = None) -> None:
     """SIGKILL ``pid`` and every process below it (workers may sit in sessions of their own), and return once
-    they are gone: a signal is delivered asynchronously, and a loaded machine may take a moment to act on it."""
+    they are gone: a signal is delivered asynchronously, and a loaded machine may take a moment to act on it.
+    ``first``: a signal sent before, to one process at a time, each given ``within`` to act on it (SIGABRT: a
+    process with Python's fault handler prints its stacks, not mixed with another's; none leaves a core file)."""
     victims = [pid, *descendants(pid)]
+    for victim in reversed(victims) if first is not None else ():  # the deepest first: a worker may die with its parent
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            resource.prlimit(victim, resource.RLIMIT_CORE, (0, 0))
+            os.kill(victim, first)
+            _wait_for_end([victim], within)
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
+    _wait_for_end(victims, within)
+
+
+def _wait_for_end(pids: list[int], within: float) -> None:
     deadline = time.monotonic() + within
-    while any(is_alive(victim) for victim in victims) and time.monotonic() < deadline:
+    while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

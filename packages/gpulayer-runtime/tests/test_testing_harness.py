@@ -72,16 +72,17 @@ def test_a_command_past_its_deadline_is_killed_with_its_descendants(tmp_path):
 
 def test_a_late_command_and_its_descendants_print_their_stacks_one_by_one_before_they_are_killed():
     # What a hang in CI leaves to read: where each process of the tree waited.
-    parent = (
-        "import subprocess, sys\n"
-        "def wait_for_child():\n"
-        "    subprocess.run([sys.executable, '-c', 'import signal\\ndef wait_in_child(): signal.pause()\\n"
+    parent = (  # it waits on its own, not for its child: the child's end (stacks first) must not end it
+        "import signal, subprocess, sys\n"
+        "def start_child_then_wait():\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import signal\\ndef wait_in_child(): signal.pause()\\n"
         "wait_in_child()'])\n"
-        "wait_for_child()\n"
+        "    signal.pause()\n"
+        "start_child_then_wait()\n"
     )
     with pytest.raises(RankFailedError, match="did not finish within 5 s") as raised:
         run_command([sys.executable, "-c", parent], timeout=5, env=clean_environment())
     stacks = str(raised.value).split("Fatal Python error: Aborted")[1:]
     assert len(stacks) == 2
-    assert "in wait_in_child" in stacks[0] and "in wait_for_child" not in stacks[0]  # the child first, whole
-    assert "in wait_for_child" in stacks[1]
+    assert "in wait_in_child" in stacks[0] and "in start_child_then_wait" not in stacks[0]  # the child first, whole
+    assert "in start_child_then_wait" in stacks[1]

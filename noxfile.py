@@ -1,4 +1,4 @@
-"""Every check GPUlayer runs: `nox -s tests` is what CI runs (see README.md)."""
+"""Every check GPUlayer runs: `nox -s tests newest_torch` is what CI runs (see README.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,21 @@ nox.options.sessions = ["lint"]
 # The CPU build on local disk; a GPU machine sets GPULAYER_TORCH to a CUDA build, with pip's options if it needs
 # them: "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
 TORCH = os.environ.get("GPULAYER_TORCH", "torch==2.13.0")
+# The ends of the range the distributions declare (torch>=2.12), beside the pin above: the oldest release they allow
+# and the newest on PyPI (ADR 0035). PyPI's Linux builds are CUDA builds (several GB with NVIDIA's libraries); they
+# run on the CPU here, as the CPU build does. `nox -s torch_range` runs the unit and gloo tiers on each.
+TORCH_RANGE = {"oldest": "torch==2.12.1", "newest": "torch==2.15.0"}
+# What CI runs of the gloo tier on the newest torch (`tests` runs all of it on the pin; `torch_range` all of it on
+# either end): where torch's distributed internals have moved between releases. Ranks this process starts, torch's
+# elastic agent naming the failed rank, a resume on another world size, FSDP2 against DDP's weights.
+NEWEST_GLOO_SAMPLE = [
+    "packages/gpulayer-runtime/tests/test_started.py",
+    "packages/gpulayer-runtime/tests/test_launch.py",
+    "packages/gpulayer-trainer/tests/ddp/test_ddp_started_failures.py",
+    "packages/gpulayer-trainer/tests/ddp/test_elastic_resume.py",
+    "packages/gpulayer-fsdp/tests/test_sharded_mid_epoch.py",
+    "packages/gpulayer-fsdp/tests/test_fsdp_trains_like_ddp.py",
+]
 TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
 # What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
 # omegaconf: a Hydra config as hyperparameters (Lightning's own bound, from its pytorch-extra extra); tensorboard and
@@ -71,10 +86,10 @@ DISTRIBUTIONS = [
 PYTEST = ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
 
 
-def _install(session: nox.Session) -> None:
+def _install(session: nox.Session, torch: str = TORCH) -> None:
     """Torch first (pinned), then every distribution editable (the trainer with its plot extra), then the test tools
     and every test requirement."""
-    session.install(*shlex.split(TORCH))
+    session.install(*shlex.split(torch))
     test_requirements = [req for name in DISTRIBUTIONS for req in TEST_REQUIREMENTS.get(name, [])]
     editable = [f"packages/{name}" + EXTRAS.get(name, "") for name in DISTRIBUTIONS]
     session.install(
@@ -138,6 +153,23 @@ def cuda(session: nox.Session) -> None:
     _pytest(session, "cuda")
 
 
+@nox.session(default=False)
+@nox.parametrize("torch", list(TORCH_RANGE))
+def torch_range(session: nox.Session, torch: str) -> None:
+    """The unit and gloo tiers on either end of the declared torch range (`nox -s "torch_range(torch='oldest')"`)."""
+    _install(session, TORCH_RANGE[torch])
+    _unit(session)
+    _gloo(session)
+
+
+@nox.session
+def newest_torch(session: nox.Session) -> None:
+    """What CI runs beside `tests`: the unit tier and a sample of the gloo tier on the newest torch release."""
+    _install(session, TORCH_RANGE["newest"])
+    _unit(session)
+    session.run(*PYTEST, "-m", "multiprocess", *NEWEST_GLOO_SAMPLE, env={"OMP_NUM_THREADS": "1", **ON_CPU})
+
+
 @nox.session
 def isolation(session: nox.Session) -> None:
     """Build every distribution, then test each alone in a fresh venv, installed from its built files only."""
@@ -187,8 +219,8 @@ def bench_guard(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, unit, gloo, multinode, porting, isolation, the newcomer check (the README's main job in a
-    fresh clone) and the benchmark guard.
+    """What CI runs, then `newest_torch`: lint, unit, gloo, multinode, porting, isolation, the newcomer check (the
+    README's main job in a fresh clone) and the benchmark guard.
 
     The same steps as those sessions, in one venv: installing torch and Lightning once instead of six times saves
     CI minutes. A step that fails ends the run, naming it.

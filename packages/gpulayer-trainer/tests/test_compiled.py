@@ -1,7 +1,7 @@
 """A module ``torch.compile`` returned, handed to ``fit``, ``validate``, ``test`` and ``predict``.
 
-Lightning 2.6 compiles the step methods too, and under torch 2.13 its ``fit`` fails as soon as a compiled
-``training_step`` calls ``self.log``; GPUlayer compiles ``forward`` only (see ``compiled.py``). The tests compile
+Lightning 2.6 compiles the step methods too, and under torch 2.13 (not 2.14) its ``fit`` fails as soon as a
+compiled ``training_step`` calls ``self.log``; GPUlayer compiles ``forward`` only (see ``compiled.py``). The tests compile
 with ``backend="eager"``: dynamo traces as it does for inductor (Lightning's failure is in the tracing), without
 a C++ build per test.
 """
@@ -9,7 +9,6 @@ a C++ build per test.
 import logging
 import warnings
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -53,18 +52,42 @@ def _loader():
     )
 
 
-def test_lightning_cannot_fit_a_compiled_module_that_logs(tmp_path):
+def _fit_compiled(framework):
+    """Fit the compiled module under ``framework``: its weights and ``callback_metrics``, or Lightning's error."""
+    torch.manual_seed(0)
+    model = _module_class(gl.Module if framework is gl else framework.LightningModule)()
+    options = dict(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False)
+    if framework is not gl:
+        options["enable_progress_bar"] = False
+    trainer = framework.Trainer(**options)
+    try:
+        trainer.fit(torch.compile(model, backend="eager"), _loader())
+    except Exception as error:  # Lightning's, on torches whose dynamo cannot trace its self.log
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {
+        "weights": {name: tensor.clone() for name, tensor in model.state_dict().items()},
+        "metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
+    }
+
+
+def test_a_compiled_module_that_logs_fits_as_under_lightning_where_lightning_can_fit_it():
+    # Differential on the running torch: Lightning 2.6 compiles the steps, and whether dynamo traces its self.log
+    # depends on the torch release (2.13 cannot, 2.14 can). Where Lightning fits, both trainers train alike; where
+    # it fails, it fails as the porting guide says, and GPUlayer fits anyway.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import lightning.pytorch as pl
 
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-        torch.manual_seed(0)
-        trainer = pl.Trainer(
-            accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
-        )
-        with pytest.raises(Exception, match="object has no attribute '__dict__'"):
-            trainer.fit(torch.compile(_module_class(pl.LightningModule)(), backend="eager"), _loader())
+        theirs = _fit_compiled(pl)
+    ours = _fit_compiled(gl)
+    assert "error" not in ours
+    if "error" in theirs:
+        assert "object has no attribute '__dict__'" in theirs["error"]
+        return
+    assert ours["metrics"] == theirs["metrics"]
+    for name, tensor in theirs["weights"].items():
+        torch.testing.assert_close(ours["weights"][name], tensor, rtol=0, atol=0)
 
 
 def test_a_compiled_module_trains_evaluates_and_checkpoints_as_the_module_itself(tmp_path):

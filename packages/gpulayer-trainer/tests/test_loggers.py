@@ -296,8 +296,8 @@ def _graph_run(ours, root, datamodule_transfer):
     datamodule = Data() if datamodule_transfer else None
     loaders = () if datamodule_transfer else (_loaders()[0],)
     if ours:
-        with warnings.catch_warnings():  # torch's deprecation of torch.jit.trace, which TensorBoard's add_graph uses
-            warnings.filterwarnings("ignore", "`torch.jit.trace(_method)?` is deprecated", DeprecationWarning)
+        with warnings.catch_warnings():  # torch's deprecation (2.10 on) of torch.jit.trace, which add_graph uses
+            warnings.filterwarnings("ignore", "`torch.jit.trace(_method)?` is deprecated")  # in any category
             gl.Trainer(**options).fit(Traced(), *loaders, datamodule=datamodule)
     else:
         with warnings.catch_warnings():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,17 +26,20 @@ class ExportMixin:
         **kwargs: Any,
     ) -> Any:
         """The module in eval mode as TorchScript, ``torch.jit.script``-ed or, with ``method="trace"``, traced on
-        ``example_inputs`` (default: ``example_input_array``); saved to ``file_path`` when given (Lightning's)."""
-        training = self.training
-        if method == "script":
-            scripted = torch.jit.script(self.eval(), **kwargs)
-        elif method == "trace":
-            scripted = torch.jit.trace(self.eval(), self._export_sample(example_inputs, "to_torchscript"), **kwargs)
-        else:
+        ``example_inputs`` (default: ``example_input_array``); saved to ``file_path`` when given (Lightning's).
+        torch's deprecation of TorchScript (2.10 on) is warned once, here, not once per function and traced method."""
+        if method not in ("script", "trace"):
             raise ValueError(f"to_torchscript(method={method!r}): accepted values are 'script' and 'trace'")
-        self.train(training)
-        if file_path is not None:
-            torch.jit.save(scripted, os.fspath(file_path))
+        training = self.training
+        sample = self._export_sample(example_inputs, "to_torchscript") if method == "trace" else None
+        with _torchs_deprecation_warned_once():
+            if method == "script":
+                scripted = torch.jit.script(self.eval(), **kwargs)
+            else:
+                scripted = torch.jit.trace(self.eval(), sample, **kwargs)
+            self.train(training)
+            if file_path is not None:
+                torch.jit.save(scripted, os.fspath(file_path))
         return scripted
 
     def to_onnx(self, file_path: str | os.PathLike, input_sample: Any = None, **kwargs: Any) -> None:
@@ -48,3 +55,23 @@ class ExportMixin:
         if sample is None:
             raise ValueError(f"{method}: pass a sample input or set the module's example_input_array")
         return map_tensors(sample, lambda tensor: tensor.to(self.device))
+
+
+# torch's deprecation of TorchScript: a DeprecationWarning from torch 2.10, a FutureWarning from 2.14, whose words
+# name the function ("`torch.jit.trace` is deprecated. Please switch to ...").
+TORCHSCRIPT_DEPRECATION = re.compile(r"`torch\.jit\.\w+` is deprecated")
+
+
+@contextlib.contextmanager
+def _torchs_deprecation_warned_once() -> Iterator[None]:
+    """torch's deprecation of TorchScript warned once, in its category and words, where ``to_torchscript`` was
+    called; any other warning passes on as it came."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    deprecations = [warning for warning in caught if TORCHSCRIPT_DEPRECATION.match(str(warning.message))]
+    for warning in caught:
+        if warning not in deprecations:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if deprecations:
+        warnings.warn(str(deprecations[0].message), deprecations[0].category, stacklevel=4)

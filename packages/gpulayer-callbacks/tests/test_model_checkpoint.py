@@ -626,7 +626,7 @@ def test_a_missing_monitor_warns_before_validation_and_fails_after_it(tmp_path):
         _fit("gpulayer", str(tmp_path / "gpulayer-val"), **with_validation)
 
 
-@pytest.mark.parametrize("folder", ["short", "f" * 130], ids=["short-paths", "paths-over-122-characters"])
+@pytest.mark.parametrize("folder", ["short", "f" * 130], ids=["short-folder", "paths-over-122-characters"])
 def test_to_yaml_writes_lightnings_file(tmp_path, folder):
     scenario = dict(checkpoints=[MONITOR | dict(save_top_k=3)], module=dict(values=DOWN_UP))
     texts = {}
@@ -639,4 +639,5 @@ def test_to_yaml_writes_lightnings_file(tmp_path, folder):
         with open(os.path.join(callback.dirpath, "best_k_models.yaml")) as file:
             texts[framework] = file.read().replace(root, "<root>")
     assert texts["gpulayer"] == texts["lightning"]
-    assert texts["gpulayer"].startswith("? ") == (folder != "short")
+    if folder != "short":  # (a short folder's keys are simple or not, by the length of the temporary folder)
+        assert texts["gpulayer"].startswith("? ")

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import nox
@@ -101,8 +102,14 @@ def _install(session: nox.Session, torch: str = TORCH) -> None:
 ON_CPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def _pytest(session: nox.Session, marker: str, *extra: str, env: dict[str, str] | None = None) -> None:
-    session.run(*PYTEST, "-m", marker, *extra, *session.posargs, "packages", "tests", env=env)
+def _pytest(
+    session: nox.Session,
+    marker: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    paths: Sequence[str] = ("packages", "tests"),
+) -> None:
+    session.run(*PYTEST, "-m", marker, *extra, *session.posargs, *paths, env=env)
 
 
 @nox.session
@@ -167,7 +174,7 @@ def newest_torch(session: nox.Session) -> None:
     """What CI runs beside `tests`: the unit tier and a sample of the gloo tier on the newest torch release."""
     _install(session, TORCH_RANGE["newest"])
     _unit(session)
-    session.run(*PYTEST, "-m", "multiprocess", *NEWEST_GLOO_SAMPLE, env={"OMP_NUM_THREADS": "1", **ON_CPU})
+    _gloo(session, NEWEST_GLOO_SAMPLE)
 
 
 @nox.session
@@ -263,8 +270,8 @@ def _unit(session: nox.Session) -> None:
     _pytest(session, "not multiprocess and not multinode and not cuda and not porting", "-n", "auto", env=ON_CPU)
 
 
-def _gloo(session: nox.Session) -> None:
-    _pytest(session, "multiprocess", env={"OMP_NUM_THREADS": "1", **ON_CPU})
+def _gloo(session: nox.Session, paths: Sequence[str] = ("packages", "tests")) -> None:
+    _pytest(session, "multiprocess", env={"OMP_NUM_THREADS": "1", **ON_CPU}, paths=paths)
 
 
 def _multinode(session: nox.Session) -> None:

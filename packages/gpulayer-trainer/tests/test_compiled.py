@@ -1,9 +1,9 @@
 """A module ``torch.compile`` returned, handed to ``fit``, ``validate``, ``test`` and ``predict``.
 
 Lightning 2.6 compiles the step methods too, and under torch 2.13 (not 2.14) its ``fit`` fails as soon as a
-compiled ``training_step`` calls ``self.log``; GPUlayer compiles ``forward`` only (see ``compiled.py``). The tests compile
-with ``backend="eager"``: dynamo traces as it does for inductor (Lightning's failure is in the tracing), without
-a C++ build per test.
+compiled ``training_step`` calls ``self.log``; GPUlayer compiles ``forward`` only (see ``compiled.py``). The tests
+compile with ``backend="eager"``: dynamo traces as it does for inductor (Lightning's failure is in the tracing),
+without a C++ build per test.
 """
 
 import logging

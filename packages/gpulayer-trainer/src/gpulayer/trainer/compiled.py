@@ -2,9 +2,9 @@
 
 Lightning 2.6 (``lightning/pytorch/utilities/compile.py``, ``from_compiled``) trains the wrapped module and
 compiles its ``forward`` and its four step methods; a step that calls ``self.log`` then fails to trace under
-torch 2.13 (not 2.14). GPUlayer compiles ``forward`` only, with the options the user gave ``torch.compile``: the steps, the
-hooks and ``self.log`` run eagerly around the compiled model, and checkpoints hold the module's own keys (no
-``_orig_mod.`` prefix). The module stays compiled after the run, as in Lightning.
+torch 2.13 (not 2.14). GPUlayer compiles ``forward`` only, with the options the user gave ``torch.compile``: the
+steps, the hooks and ``self.log`` run eagerly around the compiled model, and checkpoints hold the module's own keys
+(no ``_orig_mod.`` prefix). The module stays compiled after the run, as in Lightning.
 """
 
 from __future__ import annotations

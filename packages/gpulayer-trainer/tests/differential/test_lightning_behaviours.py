@@ -293,6 +293,22 @@ def test_to_torchscript_gives_what_lightnings_gives_and_warns_torchs_deprecation
         our_model.to_torchscript(method="compile")
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated")  # torch's, from 2.10: this test calls it
+@pytest.mark.parametrize("method", ["script", "trace"])
+def test_a_module_no_trainer_ever_held_exports_to_torchscript_as_in_lightning(tmp_path, method):
+    sample = torch.ones(2, 4)
+    outputs = []
+    for base, name in ((gl.Module, "ours"), (quiet_lightning().LightningModule, "theirs")):
+        torch.manual_seed(0)
+        model = _regressor(base)()
+        model.example_input_array = sample
+        _torchscript_warnings(model, tmp_path / f"{name}.pt", method)
+        outputs.append(torch.jit.load(tmp_path / f"{name}.pt")(sample))
+        with pytest.raises(RuntimeError, match=r"is not attached to a `?Trainer"):  # and after it, as before
+            _ = model.trainer
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+
+
 def test_to_onnx_needs_a_sample_input(tmp_path):
     # (The export itself is torch.onnx.export's, which needs the onnx package this repository does not install.)
     with pytest.raises(ValueError, match="to_onnx: pass a sample input or set the module's example_input_array"):

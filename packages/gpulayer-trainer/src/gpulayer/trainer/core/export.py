@@ -18,6 +18,10 @@ class ExportMixin:
     """Export in eval mode, on a sample input (given, or the module's ``example_input_array``) moved to its device.
     Mixed into ``Module``, whose ``example_input_array`` and ``device`` it reads."""
 
+    # True while ``to_torchscript`` compiles: TorchScript reads every attribute, ``trainer`` included, and a module
+    # with no Trainer is scripted as in Lightning (its ``_jit_is_scripting``), ``trainer`` then being None.
+    _jit_is_scripting = False
+
     def to_torchscript(
         self,
         file_path: str | os.PathLike | None = None,
@@ -32,7 +36,7 @@ class ExportMixin:
             raise ValueError(f"to_torchscript(method={method!r}): accepted values are 'script' and 'trace'")
         training = self.training
         sample = self._export_sample(example_inputs, "to_torchscript") if method == "trace" else None
-        with _torchs_deprecation_warned_once():
+        with _torchs_deprecation_warned_once(), _scripting():
             if method == "script":
                 scripted = torch.jit.script(self.eval(), **kwargs)
             else:
@@ -55,6 +59,15 @@ class ExportMixin:
         if sample is None:
             raise ValueError(f"{method}: pass a sample input or set the module's example_input_array")
         return map_tensors(sample, lambda tensor: tensor.to(self.device))
+
+
+@contextlib.contextmanager
+def _scripting() -> Iterator[None]:
+    ExportMixin._jit_is_scripting = True
+    try:
+        yield
+    finally:
+        ExportMixin._jit_is_scripting = False
 
 
 # torch's deprecation of TorchScript: a DeprecationWarning from torch 2.10, a FutureWarning from 2.14, whose words

@@ -69,7 +69,7 @@ class Module(ModelHooks, DataHooks, MetricLoggingMixin, ExportMixin, Hyperparame
     # ---- what the trainer exposes ------------------------------------------------------------------------------
     @property
     def trainer(self) -> Any:
-        if self._trainer is None:
+        if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__qualname__} is not attached to a Trainer")
         return self._trainer
 

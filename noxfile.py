@@ -40,7 +40,8 @@ NEWEST_GLOO_SAMPLE = [
     "packages/gpulayer-fsdp/tests/test_sharded_mid_epoch.py",
     "packages/gpulayer-fsdp/tests/test_fsdp_trains_like_ddp.py",
 ]
-TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3", "build>=1", "hatchling>=1.27,<1.34"]
+PYTEST_TOOLS = ["pytest>=8", "pytest-xdist>=3"]
+TEST_TOOLS = [*PYTEST_TOOLS, "build>=1", "hatchling>=1.27,<1.34"]
 # What a distribution's tests need beyond it: Lightning is the reference of the trainer's differential tests.
 # omegaconf: a Hydra config as hyperparameters (Lightning's own bound, from its pytorch-extra extra); tensorboard and
 # rich: Lightning's TensorBoardLogger and Rich callbacks, passed to GPUlayer as they are. optuna and
@@ -140,9 +141,10 @@ def multinode(session: nox.Session) -> None:
 
 @nox.session
 def porting(session: nox.Session) -> None:
-    """The porting corpus: Lightning scripts run under Lightning and, with only their imports changed, GPUlayer."""
+    """The porting corpus: Lightning scripts run under Lightning and, with only their imports changed, GPUlayer;
+    every script both whole and through `gpulayer port --verify` (CI's `tests` runs each one way)."""
     _install(session)
-    _porting(session)
+    _porting(session, whole_corpus=True)
 
 
 @nox.session(default=False)
@@ -194,7 +196,18 @@ def demo(session: nox.Session) -> None:
     _demo(session)
 
 
-LAUNCHER_TESTS = "packages/gpulayer-runtime/tests/test_launch.py"
+# What `isolation` runs of the launcher where gpulayer-runtime is installed alone from its wheel: `gpulayer launch`
+# running a script on two ranks, then reporting a rank's failure. The rest of test_launch.py runs in `gloo`.
+LAUNCHER_TESTS = [
+    f"packages/gpulayer-runtime/tests/test_launch.py::{name}"
+    for name in (
+        "test_a_script_runs_on_every_rank_with_its_arguments",
+        "test_a_failing_script_reports_its_rank_and_traceback",
+    )
+]
+# pytest-xdist's workers for a distribution's unit tests in `isolation`, where its suite is long enough to gain from
+# two: the trainer's ran 86 s alone.
+ISOLATION_WORKERS = {"gpulayer-trainer": ["-n", "2"]}
 RELIABILITY_REPORT = "tools/reliability_report.py"
 NEWCOMER_CHECK = "tools/newcomer_check.py"
 COMPARISON = "benchmarks/lightning_comparison/compare.py"
@@ -278,8 +291,9 @@ def _multinode(session: nox.Session) -> None:
     _pytest(session, "multinode", env={"OMP_NUM_THREADS": "1", **ON_CPU})
 
 
-def _porting(session: nox.Session) -> None:
-    _pytest(session, "porting", "-n", "auto", env={"OMP_NUM_THREADS": "1", **ON_CPU})
+def _porting(session: nox.Session, whole_corpus: bool = False) -> None:
+    corpus = {"GPULAYER_WHOLE_CORPUS": "1"} if whole_corpus else {}
+    _pytest(session, "porting", "-n", "auto", env={"OMP_NUM_THREADS": "1", **ON_CPU, **corpus})
 
 
 def _demo(session: nox.Session) -> None:
@@ -319,7 +333,7 @@ def _isolation(session: nox.Session) -> None:
         (Path(site.strip().splitlines()[-1]) / "shared-torch.pth").write_text(f"{shared}\n")
         # Third-party requirements come from the index; gpulayer distributions only from the built files.
         third_party = _third_party_requirements(dist, name) + TEST_REQUIREMENTS.get(name, [])
-        session.run(python, "-m", "pip", "install", "--quiet", "pytest>=8", *third_party, external=True)
+        session.run(python, "-m", "pip", "install", "--quiet", *PYTEST_TOOLS, *third_party, external=True)
         session.run(
             python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(dist), name, external=True
         )
@@ -329,13 +343,13 @@ def _isolation(session: nox.Session) -> None:
         if name == "gpulayer-trainer":  # the loop only: the porting tool is gpulayer-port's, the CLI gpulayer-cli's
             session.run(python, "-c", WITHOUT_PORT_OR_CLI, external=True)
         # Multi-process tests run the same code in `gloo` (with every distribution installed) and would double
-        # the CI time here; only the runtime's launcher tests run again, to check the installed `gpulayer` command.
+        # the CI time here; only two launcher tests run again, to check the installed `gpulayer` command.
         # Porting tests run a ported project, which imports the other distributions: they run in `porting`.
         pytest = [python, "-m", *PYTEST, "-p", "no:cacheprovider"]
         single = "not cuda and not multiprocess and not multinode and not porting"
-        session.run(*pytest, "-m", single, f"packages/{name}/tests", external=True)
+        session.run(*pytest, "-m", single, *ISOLATION_WORKERS.get(name, []), f"packages/{name}/tests", external=True)
         if name == "gpulayer-runtime":
-            session.run(*pytest, "-m", "multiprocess", LAUNCHER_TESTS, external=True)
+            session.run(*pytest, "-m", "multiprocess", *LAUNCHER_TESTS, external=True)
 
 
 def _third_party_requirements(dist: Path, name: str) -> list[str]:

@@ -2,13 +2,21 @@
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from gpulayer.runtime.testing import RankFailedError, clean_environment, is_alive, run_command, run_ranks
+from gpulayer.runtime.testing import (
+    RankFailedError,
+    clean_environment,
+    is_alive,
+    ports_below_the_ephemeral_range,
+    run_command,
+    run_ranks,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -86,3 +94,12 @@ def test_a_late_command_and_its_descendants_print_their_stacks_one_by_one_before
     assert len(stacks) == 2
     assert "in wait_in_child" in stacks[0] and "in start_child_then_wait" not in stacks[0]  # the child first, whole
     assert "in start_child_then_wait" in stacks[1]
+
+
+def test_ports_below_the_ephemeral_range_are_distinct_free_and_never_the_oss_own():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = ports_below_the_ephemeral_range(3)
+    assert len(set(ports)) == 3 and all(10000 <= port < low for port in ports)
+    for port in ports:
+        with socket.socket() as server:
+            server.bind(("", port))

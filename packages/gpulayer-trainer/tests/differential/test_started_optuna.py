@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.runtime.testing import clean_environment, run_command
+from gpulayer.runtime.testing import clean_environment, ports_below_the_ephemeral_range, run_command
 
 pytestmark = pytest.mark.multiprocess
 
@@ -30,9 +30,13 @@ def _optional_packages() -> None:
 
 
 def test_optunas_lightning_ddp_example_gives_the_same_study(tmp_path):
+    # Lightning's port taken by GPUlayer's ranks' connections in the meantime: see test_started_strategies.py.
+    (lightning_port,) = ports_below_the_ephemeral_range(1)
+
     def run(framework: str):
         argv = [sys.executable, str(SCRIPT), framework, str(tmp_path / framework)]
-        return run_command(argv, timeout=DEADLINE_S, env=clean_environment())
+        port = {"MASTER_PORT": str(lightning_port)} if framework == "lightning" else {}
+        return run_command(argv, timeout=DEADLINE_S, env=clean_environment(**port))
 
     with ThreadPoolExecutor(2) as pool:
         finished = dict(zip(("lightning", "gpulayer"), pool.map(run, ("lightning", "gpulayer")), strict=True))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.runtime.testing import clean_environment, run_command
+from gpulayer.runtime.testing import clean_environment, ports_below_the_ephemeral_range, run_command
 
 pytestmark = pytest.mark.multiprocess
 
@@ -69,11 +69,19 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], d
         runs[framework, "script"] = (script_out, [sys.executable, str(SCRIPT), framework, str(script_out), *STRATEGIES])
         runs[framework, "prompt"] = (prompt_out, _prompt_command(framework, prompt_out))
 
-    def run(argv: list[str]):
-        return run_command(argv, timeout=DEADLINE_S, env=clean_environment())
+    # Lightning's caller picks its ranks' port, frees it and binds it again once they start: beside the other runs'
+    # ranks, the OS could give it to one of their connections first (EADDRINUSE). Lightning takes MASTER_PORT.
+    ports = iter(ports_below_the_ephemeral_range(len(runs)))
+    environments = [
+        clean_environment(MASTER_PORT=str(next(ports))) if key[0] == "lightning" else clean_environment()
+        for key in runs
+    ]
+
+    def run(argv: list[str], environment: dict[str, str]):
+        return run_command(argv, timeout=DEADLINE_S, env=environment)
 
     with ThreadPoolExecutor(len(runs)) as pool:
-        finished = dict(zip(runs, pool.map(run, [argv for _, argv in runs.values()]), strict=True))
+        finished = dict(zip(runs, pool.map(run, [argv for _, argv in runs.values()], environments), strict=True))
     found = {}
     for key, (out, _) in runs.items():
         record, done = out / "record.json", finished[key]

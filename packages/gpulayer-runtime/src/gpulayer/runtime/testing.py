@@ -13,8 +13,10 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import random
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -161,6 +164,22 @@ def _register_parents(module_name: str, path: str) -> None:
             package.__path__ = [folder]
             sys.modules[name] = package
         folder = os.path.dirname(folder)
+
+
+def ports_below_the_ephemeral_range(count: int) -> list[int]:
+    """``count`` distinct free TCP ports below the range the OS hands out for port 0 and outgoing connections. For a
+    program that picks a free port, closes it and binds it again seconds later (Lightning's ``MASTER_PORT``): run
+    beside other ranks, it can find the OS has meanwhile given its port to one of their connections (EADDRINUSE)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    ports: list[int] = []
+    for port in random.Random().sample(range(10000, low), low - 10000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe, contextlib.suppress(OSError):
+            probe.bind(("", port))
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports below {low}")
 
 
 def clean_environment(**extra: str) -> dict[str, str]:

@@ -71,11 +71,9 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], d
 
     # Lightning's caller picks its ranks' port, frees it and binds it again once they start: beside the other runs'
     # ranks, the OS could give it to one of their connections first (EADDRINUSE). Lightning takes MASTER_PORT.
-    ports = iter(ports_below_the_ephemeral_range(len(runs)))
-    environments = [
-        clean_environment(MASTER_PORT=str(next(ports))) if key[0] == "lightning" else clean_environment()
-        for key in runs
-    ]
+    lightning_runs = [key for key in runs if key[0] == "lightning"]
+    ports = dict(zip(lightning_runs, ports_below_the_ephemeral_range(len(lightning_runs)), strict=True))
+    environments = [clean_environment(**({"MASTER_PORT": str(ports[key])} if key in ports else {})) for key in runs]
 
     def run(argv: list[str], environment: dict[str, str]):
         return run_command(argv, timeout=DEADLINE_S, env=environment)
